@@ -1,0 +1,329 @@
+/**
+ * `Lock`: a re-entrant distributed mutex, and the functions that work on every lock handle
+ * (`Lock`, `FairLock`, and the read and write views of a `ReadWriteLock`).
+ *
+ * - `acquire` is the scoped form: it yields a `Lease` and releases it when the scope closes —
+ *   exactly once, on success, failure or interruption. `Effect.scoped` around it is the normal use.
+ * - `withLock` runs an effect while holding the lock and interrupts it with `LockLost` if the
+ *   lease is lost.
+ * - Without a fixed `lease`, a watchdog renews the lease every `watchdog / 3` (default watchdog:
+ *   30 seconds) for as long as the scope is open.
+ * - Re-entrant: the fiber that acquired, and fibers it forks inside the scope, re-enter (hold
+ *   count + 1, same fence); every other fiber is excluded.
+ *
+ * @since 0.1.0
+ */
+import type { Option, Pipeable, Scope } from "effect"
+import { Duration, Effect } from "effect"
+import { dual } from "effect/Function"
+import { pipeArguments } from "effect/Pipeable"
+import type { HolderState } from "./LockBackend.js"
+import type { LockBackend } from "./LockBackend.js"
+import type { AcquireError, BackendError, InvalidLockOptions, LockLost } from "./LockError.js"
+import type { Lease } from "./Lease.js"
+import * as handle from "./internal/handle.js"
+import type { LockSpec } from "./internal/lock.js"
+
+/**
+ * @since 0.1.0
+ * @category symbols
+ */
+export const TypeId: unique symbol = Symbol.for("@lockstep/core/Lock")
+
+/**
+ * @since 0.1.0
+ * @category symbols
+ */
+export type TypeId = typeof TypeId
+
+/**
+ * A handle on a named lock. Handles are cheap values; the lock itself lives in the backend.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const lock = yield* Lock.make("orders:42")
+ *   console.log(lock.key, lock.kind) // "orders:42" "Lock"
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Lock extends Pipeable.Pipeable {
+  readonly [TypeId]: TypeId
+  readonly key: string
+  readonly kind: "Lock" | "FairLock" | "ReadLock" | "WriteLock"
+}
+
+/**
+ * Options of a lock handle.
+ *
+ * @example
+ * ```ts
+ * import { Lock } from "@lockstep/core"
+ *
+ * const options: Lock.Options = { lease: "10 seconds" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Options {
+  /**
+   * A fixed lease: the lock expires this long after it was granted, however long the holder runs,
+   * and no watchdog renews it. `lost` fails when it expires.
+   */
+  readonly lease?: Duration.DurationInput | undefined
+  /** Without a fixed lease: the lease the watchdog keeps renewing every `watchdog / 3`. Default 30 seconds. */
+  readonly watchdog?: Duration.DurationInput | undefined
+}
+
+/**
+ * Options of one acquisition.
+ *
+ * @example
+ * ```ts
+ * import { Lock } from "@lockstep/core"
+ *
+ * const options: Lock.AcquireOptions = { timeout: "5 seconds" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface AcquireOptions {
+  /** How long to wait for the lock before failing with `LockTimeout`. Default: wait forever. */
+  readonly timeout?: Duration.DurationInput | undefined
+}
+
+class LockImpl implements Lock {
+  readonly [TypeId]: TypeId = TypeId
+  constructor(readonly spec: LockSpec) {}
+  get key(): string {
+    return this.spec.key
+  }
+  get kind(): Lock["kind"] {
+    return this.spec.kind as Lock["kind"]
+  }
+  pipe() {
+    // eslint-disable-next-line prefer-rest-params
+    return pipeArguments(this, arguments)
+  }
+  toString(): string {
+    return `${this.spec.kind}(${this.spec.key})`
+  }
+}
+
+/** @internal */
+export const fromSpec = (spec: LockSpec): Lock => new LockImpl(spec)
+
+const specOf = (lock: Lock): LockSpec => (lock as LockImpl).spec
+
+/**
+ * Is `u` a lock handle?
+ *
+ * @example
+ * ```ts
+ * import { Lock } from "@lockstep/core"
+ *
+ * console.log(Lock.isLock({})) // false
+ * ```
+ *
+ * @since 0.1.0
+ * @category guards
+ */
+export const isLock = (u: unknown): u is Lock => typeof u === "object" && u !== null && TypeId in u
+
+/**
+ * A re-entrant mutex on `key`. Fails with `InvalidLockOptions` for a bad key or option, before
+ * any backend call.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ * import { MemoryBackend } from "@lockstep/memory"
+ *
+ * const program = Effect.gen(function* () {
+ *   const lock = yield* Lock.make("orders:42")
+ *   yield* Effect.log("exclusive").pipe(Lock.withLock(lock))
+ * }).pipe(Effect.provide(MemoryBackend.layer))
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const make = (key: string, options?: Options): Effect.Effect<Lock, InvalidLockOptions, LockBackend> =>
+  Effect.map(handle.makeSpec("Lock", key, options, { mode: "exclusive", limit: 1, fair: false }), fromSpec)
+
+/**
+ * Waits for the lock and yields its `Lease`; the lease is released when the scope closes.
+ * With `timeout`, fails with `LockTimeout` if the lock is not granted in time. An interruption
+ * while waiting leaves nothing behind.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const lock = yield* Lock.make("orders:42")
+ *   const lease = yield* Lock.acquire(lock, { timeout: "5 seconds" })
+ *   yield* Effect.log(`fence ${lease.fence}`)
+ * }).pipe(Effect.scoped)
+ * ```
+ *
+ * @since 0.1.0
+ * @category acquiring
+ */
+export const acquire = (lock: Lock, options?: AcquireOptions): Effect.Effect<Lease, AcquireError, Scope.Scope> =>
+  handle.acquire(specOf(lock), 1, options?.timeout)
+
+/**
+ * One attempt, no waiting: `Some(lease)` if the lock was free (or is re-entered), `None` if not.
+ *
+ * @example
+ * ```ts
+ * import { Effect, Option } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const lock = yield* Lock.make("cron:cleanup")
+ *   const lease = yield* Lock.tryAcquire(lock)
+ *   if (Option.isNone(lease)) return yield* Effect.log("someone else runs it")
+ *   yield* Effect.log("running cleanup")
+ * }).pipe(Effect.scoped)
+ * ```
+ *
+ * @since 0.1.0
+ * @category acquiring
+ */
+export const tryAcquire = (lock: Lock): Effect.Effect<Option.Option<Lease>, Exclude<AcquireError, { _tag: "LockTimeout" }>, Scope.Scope> =>
+  handle.tryAcquire(specOf(lock), 1)
+
+/**
+ * Runs an effect while holding the lock, then releases it. The effect is interrupted with
+ * `LockLost` if the lease is lost; scoped resources it opens are closed before the release.
+ * Pipeable (`effect.pipe(Lock.withLock(lock))`) and data-first (`Lock.withLock(effect, lock)`).
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const lock = yield* Lock.make("orders:42")
+ *   yield* Effect.log("in the critical section").pipe(Lock.withLock(lock, { timeout: "5 seconds" }))
+ *   yield* Lock.withLock(Effect.log("again"), lock)
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category acquiring
+ */
+export const withLock: {
+  (lock: Lock, options?: AcquireOptions): <A, E, R>(
+    self: Effect.Effect<A, E, R>
+  ) => Effect.Effect<A, E | AcquireError | LockLost, Exclude<R, Scope.Scope>>
+  <A, E, R>(
+    self: Effect.Effect<A, E, R>,
+    lock: Lock,
+    options?: AcquireOptions
+  ): Effect.Effect<A, E | AcquireError | LockLost, Exclude<R, Scope.Scope>>
+} = dual(
+  (args) => Effect.isEffect(args[0]),
+  <A, E, R>(self: Effect.Effect<A, E, R>, lock: Lock, options?: AcquireOptions) =>
+    handle.withLease(self, specOf(lock), 1, options?.timeout)
+)
+
+/**
+ * Is the lock held by anyone? For a read lock: by any reader; for a write lock: by a writer.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.flatMap(Lock.make("orders:42"), Lock.isLocked)
+ * ```
+ *
+ * @since 0.1.0
+ * @category inspection
+ */
+export const isLocked = (lock: Lock): Effect.Effect<boolean, BackendError> =>
+  Effect.map(handle.holders(specOf(lock)), (holders) => holders.length > 0)
+
+/**
+ * How many times the current fiber holds the lock (0 if it does not).
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const lock = yield* Lock.make("orders:42")
+ *   return yield* Lock.holdCount(lock).pipe(Lock.withLock(lock), Lock.withLock(lock)) // 2
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category inspection
+ */
+export const holdCount = (lock: Lock): Effect.Effect<number, BackendError> => handle.holdCount(specOf(lock))
+
+/**
+ * The longest remaining time-to-live among the lock's holders, on the backend's clock.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.flatMap(Lock.make("orders:42"), Lock.remainingTtl)
+ * ```
+ *
+ * @since 0.1.0
+ * @category inspection
+ */
+export const remainingTtl = (lock: Lock): Effect.Effect<Option.Option<Duration.Duration>, BackendError> =>
+  handle.remainingTtl(specOf(lock))
+
+/**
+ * The lock's live holders.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.flatMap(Lock.make("orders:42"), Lock.holders)
+ * ```
+ *
+ * @since 0.1.0
+ * @category inspection
+ */
+export const holders = (lock: Lock): Effect.Effect<ReadonlyArray<HolderState>, BackendError> =>
+  handle.holders(specOf(lock))
+
+/**
+ * Drops every holder of the lock's key (an administrative escape hatch: the dropped holders learn
+ * of it at their next renewal). `true` if anything was held.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.flatMap(Lock.make("stuck-job"), Lock.forceUnlock)
+ * ```
+ *
+ * @since 0.1.0
+ * @category administration
+ */
+export const forceUnlock = (lock: Lock): Effect.Effect<boolean, BackendError> =>
+  specOf(lock).backend.forceRelease(lock.key)

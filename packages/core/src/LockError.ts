@@ -1,0 +1,194 @@
+/**
+ * The typed errors of lockstep. Every failure a lock operation can report is one of these.
+ *
+ * @since 0.1.0
+ */
+import { Data, Duration } from "effect"
+
+/**
+ * The wait for a lock ended before the lock was granted. Nothing is left held and no queue
+ * entry or subscription is left behind.
+ *
+ * @example
+ * ```ts
+ * import { Effect, Duration } from "effect"
+ * import { Lock, LockError } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const lock = yield* Lock.make("orders:42")
+ *   return yield* Effect.void.pipe(Lock.withLock(lock, { timeout: "1 second" }))
+ * }).pipe(Effect.catchTag("LockTimeout", (e: LockError.LockTimeout) => Effect.log(e.message)))
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class LockTimeout extends Data.TaggedError("LockTimeout")<{
+  readonly key: string
+  readonly timeout: Duration.Duration
+}> {
+  override get message(): string {
+    return `lock "${this.key}" was not granted within ${Duration.format(this.timeout)}`
+  }
+}
+
+/**
+ * A held lease is gone: a renewal reported that the holder no longer holds the key, or the local
+ * deadline (acquisition time + lease, on a monotonic clock) passed without a confirmed renewal.
+ * `withLock` interrupts its body with this error.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const lock = yield* Lock.make("jobs:nightly")
+ *   yield* Effect.never.pipe(Lock.withLock(lock))
+ * }).pipe(Effect.catchTag("LockLost", (e) => Effect.logWarning(e.message)))
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class LockLost extends Data.TaggedError("LockLost")<{
+  readonly key: string
+  readonly holder: string
+  readonly reason: "NotHeld" | "DeadlinePassed"
+}> {
+  override get message(): string {
+    return this.reason === "NotHeld"
+      ? `lease on "${this.key}" held by ${this.holder} was lost: the backend reports it is no longer held`
+      : `lease on "${this.key}" held by ${this.holder} was lost: its deadline passed without a confirmed renewal`
+  }
+}
+
+/**
+ * A release (or renewal) named a holder that does not hold the key. Nothing was changed.
+ *
+ * @example
+ * ```ts
+ * import { LockError } from "@lockstep/core"
+ *
+ * const error = new LockError.NotHeld({ key: "orders:42", holder: "c0ffee:1" })
+ * console.log(error.message)
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class NotHeld extends Data.TaggedError("NotHeld")<{
+  readonly key: string
+  readonly holder: string
+}> {
+  override get message(): string {
+    return `"${this.key}" is not held by ${this.holder}`
+  }
+}
+
+/**
+ * A holder of a read lock asked for the write lock of the same key. Upgrading would deadlock as
+ * soon as two readers tried it, so it fails fast instead. Release the read lock first.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock, ReadWriteLock } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const rw = yield* ReadWriteLock.make("config")
+ *   // fails with LockUpgradeNotSupported
+ *   yield* Effect.void.pipe(Lock.withLock(rw.write), Lock.withLock(rw.read))
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class LockUpgradeNotSupported extends Data.TaggedError("LockUpgradeNotSupported")<{
+  readonly key: string
+  readonly holder: string
+}> {
+  override get message(): string {
+    return `${this.holder} holds a read lock on "${this.key}" and asked for its write lock: upgrading is not supported, release the read lock first`
+  }
+}
+
+/**
+ * Bad input, reported before any backend call: `field` names the offending option.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * // fails with InvalidLockOptions { field: "key" }
+ * const program = Lock.make("")
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class InvalidLockOptions extends Data.TaggedError("InvalidLockOptions")<{
+  readonly field: string
+  readonly reason: string
+}> {
+  override get message(): string {
+    return `invalid lock option "${this.field}": ${this.reason}`
+  }
+}
+
+/**
+ * The backend could not carry out an operation (connection loss, timeout, script error, wrong key
+ * type, ...). `cause` holds the underlying failure.
+ *
+ * @example
+ * ```ts
+ * import { LockError } from "@lockstep/core"
+ *
+ * const error = new LockError.BackendError({ operation: "acquire", cause: new Error("ECONNRESET") })
+ * console.log(error.message)
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class BackendError extends Data.TaggedError("BackendError")<{
+  readonly operation: string
+  readonly cause: unknown
+}> {
+  override get message(): string {
+    const detail = this.cause instanceof Error ? this.cause.message : String(this.cause)
+    return `lock backend failed during ${this.operation}: ${detail}`
+  }
+}
+
+/**
+ * What waiting for a lock can fail with.
+ *
+ * @example
+ * ```ts
+ * import type { LockError } from "@lockstep/core"
+ *
+ * const describe = (e: LockError.AcquireError): string => e._tag
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type AcquireError = LockTimeout | LockUpgradeNotSupported | InvalidLockOptions | BackendError
+
+/**
+ * Every error lockstep reports.
+ *
+ * @example
+ * ```ts
+ * import type { LockError } from "@lockstep/core"
+ *
+ * const tag = (e: LockError.LockError): string => e._tag
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type LockError = AcquireError | LockLost | NotHeld

@@ -1,0 +1,58 @@
+import { Duration, Effect, Option } from "effect"
+import { InvalidLockOptions } from "../LockError.js"
+
+const invalid = (field: string, reason: string) => Effect.fail(new InvalidLockOptions({ field, reason }))
+
+/** Longest key accepted: keeps keys cheap to hash and to log. */
+const maxKeyLength = 1024
+
+/**
+ * A key names a lock on every backend. Braces are refused because the Redis backend wraps the key
+ * in a `{key}` hash tag so all of a lock's Redis keys share one cluster slot.
+ */
+export const key = (input: unknown): Effect.Effect<string, InvalidLockOptions> => {
+  if (typeof input !== "string") return invalid("key", "must be a string")
+  if (input.length === 0) return invalid("key", "must not be empty")
+  if (input.length > maxKeyLength) return invalid("key", `must be at most ${maxKeyLength} characters`)
+  if (input.includes("{") || input.includes("}")) return invalid("key", "must not contain '{' or '}'")
+  return Effect.succeed(input)
+}
+
+/**
+ * A positive duration in whole milliseconds. `Duration.decode` silently clamps NaN and negative
+ * numbers to zero, so raw numbers are checked before decoding.
+ */
+export const millis = (
+  field: string,
+  input: unknown,
+  options?: { readonly allowInfinite?: boolean }
+): Effect.Effect<number, InvalidLockOptions> => {
+  if (typeof input === "number" && Number.isNaN(input)) return invalid(field, "must not be NaN")
+  if (typeof input === "number" && input <= 0) return invalid(field, `must be positive, got ${input}`)
+  const decoded = Duration.decodeUnknown(input)
+  if (Option.isNone(decoded)) return invalid(field, `is not a duration: ${String(input)}`)
+  const ms = Duration.toMillis(decoded.value)
+  if (Number.isNaN(ms)) return invalid(field, "must not be NaN")
+  if (ms === Infinity) {
+    return options?.allowInfinite === true ? Effect.succeed(Infinity) : invalid(field, "must be finite")
+  }
+  const whole = Math.floor(ms)
+  if (whole < 1) return invalid(field, `must be at least 1 millisecond, got ${Duration.format(decoded.value)}`)
+  return Effect.succeed(whole)
+}
+
+/** A whole number of permits, from 1 to `max`. */
+export const count = (field: string, input: unknown, max: number): Effect.Effect<number, InvalidLockOptions> => {
+  if (typeof input !== "number" || !Number.isInteger(input)) return invalid(field, `must be a whole number, got ${String(input)}`)
+  if (input < 1) return invalid(field, `must be at least 1, got ${input}`)
+  if (input > max) return invalid(field, `must be at most ${max}, got ${input}`)
+  return Effect.succeed(input)
+}
+
+/** Optional duration: `undefined` passes through. */
+export const optionalMillis = (
+  field: string,
+  input: unknown,
+  options?: { readonly allowInfinite?: boolean }
+): Effect.Effect<number | undefined, InvalidLockOptions> =>
+  input === undefined ? Effect.succeed(undefined) : millis(field, input, options)
