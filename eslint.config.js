@@ -1,7 +1,7 @@
 import tseslint from "typescript-eslint"
 
 export default tseslint.config(
-  { ignores: ["**/node_modules/**", "**/dist/**", "eslint.config.js"] },
+  { ignores: ["**/node_modules/**", "**/dist/**", "eslint.config.js", "readme-examples/**", "scripts/**"] },
   ...tseslint.configs.recommended,
   {
     languageOptions: {

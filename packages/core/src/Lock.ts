@@ -13,8 +13,8 @@
  *
  * @since 0.1.0
  */
-import type { Option, Pipeable, Scope } from "effect"
-import { Duration, Effect } from "effect"
+import type { Duration, Option, Pipeable, Scope } from "effect"
+import { Effect } from "effect"
 import { dual } from "effect/Function"
 import { pipeArguments } from "effect/Pipeable"
 import type { HolderState } from "./LockBackend.js"

@@ -9,8 +9,10 @@
  *   `LockUpgradeNotSupported` instead of waiting forever.
  * - shared acquire of `p` permits by `h`: granted iff no live exclusive holder other than `h` and
  *   the live shared permits + `p` <= `limit` (read locks: `limit` = Infinity). The limit is stored
- *   with the key while it has holders; a request naming another limit fails with
- *   `InvalidLockOptions` (field `limit`).
+ *   with the key while it has shared holders; a request naming another limit fails with
+ *   `InvalidLockOptions` (field `limit`), and so does `p` > `limit` (field `permits`), which could
+ *   never be granted. A current holder taking another hold (re-entry, or a writer taking the read
+ *   lock) never waits in the fair queue: it would wait behind waiters that wait for it.
  * - re-acquire by a current holder: its count for that mode + 1, its expiry extended to at least
  *   now + lease, same fence.
  * - every new grant (a holder going from no holds to one) takes the next value of the key's fence

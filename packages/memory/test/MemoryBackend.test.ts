@@ -1,0 +1,587 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Exit, Fiber, Layer, Option, Scope, TestClock } from "effect"
+import { LockBackend } from "@lockstep/core/LockBackend"
+import type { AcquireRequest, AcquireResult, Service, Subscription } from "@lockstep/core/LockBackend"
+import * as LockError from "@lockstep/core/LockError"
+import { MemoryBackend } from "@lockstep/memory"
+import { unsafeMake } from "../src/internal/memoryBackend.js"
+
+const KEY = "k"
+
+const request = (holder: string, overrides: Partial<AcquireRequest> = {}): AcquireRequest => ({
+  key: KEY,
+  holder,
+  mode: "exclusive",
+  permits: 1,
+  limit: 1,
+  leaseMs: 1000,
+  fair: false,
+  waiterTtlMs: 100,
+  ...overrides
+})
+
+const read = (holder: string, overrides: Partial<AcquireRequest> = {}) =>
+  request(holder, { mode: "shared", limit: Infinity, ...overrides })
+
+const fair = (holder: string, overrides: Partial<AcquireRequest> = {}) => request(holder, { fair: true, ...overrides })
+
+const granted = (result: AcquireResult) => {
+  assert.strictEqual(result._tag, "Granted")
+  return result as Extract<AcquireResult, { _tag: "Granted" }>
+}
+
+const denied = (result: AcquireResult) => {
+  assert.strictEqual(result._tag, "Denied")
+  return result as Extract<AcquireResult, { _tag: "Denied" }>
+}
+
+/** Lets forked fibers run until they block. */
+const settle = Effect.yieldNow().pipe(Effect.repeatN(20))
+
+/** Forks `await` and reports, after everything settled, whether it completed. */
+const awaitFork = (sub: Subscription) => Effect.fork(sub.await)
+const isDone = <A, E>(fiber: Fiber.Fiber<A, E>) =>
+  settle.pipe(Effect.zipRight(Fiber.poll(fiber)), Effect.map(Option.isSome))
+
+/** A waiter as a lock API would write it: subscribe first, then retry until granted. */
+const waitFor = (backend: Service, req: AcquireRequest) =>
+  Effect.gen(function* () {
+    const sub = yield* backend.subscribe(req.key, req.holder)
+    while (true) {
+      const result = yield* backend.acquire(req)
+      if (result._tag === "Granted") return result
+      yield* sub.await
+    }
+  }).pipe(Effect.scoped)
+
+const fresh = Effect.sync(() => unsafeMake("test-client"))
+
+describe("MemoryBackend", () => {
+  describe("constructors", () => {
+    it.effect("make gives independent backends with UUID client ids", () =>
+      Effect.gen(function* () {
+        const a = yield* MemoryBackend.make
+        const b = yield* MemoryBackend.make
+        assert.match(a.clientId, /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/)
+        assert.notStrictEqual(a.clientId, b.clientId)
+        granted(yield* a.acquire(request("a:1")))
+        // b shares no state with a
+        granted(yield* b.acquire(request("b:1")))
+      }))
+
+    it.effect("layer provides LockBackend", () =>
+      Effect.gen(function* () {
+        const backend = yield* LockBackend
+        granted(yield* backend.acquire(request("a:1")))
+        const state = yield* backend.inspect(KEY)
+        assert.deepStrictEqual(state.holders.map((h) => h.holder), ["a:1"])
+      }).pipe(Effect.provide(Layer.fresh(MemoryBackend.layer))))
+  })
+
+  describe("exclusive", () => {
+    it.effect("excludes other holders and reports the wait", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("a:1")))
+        yield* TestClock.adjust(300)
+        assert.strictEqual(denied(yield* backend.acquire(request("b:1"))).retryAfterMs, 700)
+        // a shared request is excluded too
+        assert.strictEqual(denied(yield* backend.acquire(read("b:1"))).retryAfterMs, 700)
+      }))
+
+    it.effect("re-entry counts up, keeps the fence and extends the expiry to the max", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        const first = granted(yield* backend.acquire(request("a:1")))
+        assert.strictEqual(first.count, 1)
+        yield* TestClock.adjust(500)
+        const second = granted(yield* backend.acquire(request("a:1", { leaseMs: 100 })))
+        assert.deepStrictEqual(second, { _tag: "Granted", fence: first.fence, count: 2 })
+        // a shorter lease never shortens the expiry
+        assert.strictEqual((yield* backend.inspect(KEY)).holders[0]?.ttlMs, 500)
+        granted(yield* backend.acquire(request("a:1", { leaseMs: 1000 })))
+        assert.strictEqual((yield* backend.inspect(KEY)).holders[0]?.ttlMs, 1000)
+        assert.strictEqual(yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" }), 2)
+        assert.strictEqual(yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" }), 1)
+        denied(yield* backend.acquire(request("b:1")))
+        assert.strictEqual(yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" }), 0)
+        granted(yield* backend.acquire(request("b:1")))
+      }))
+
+    it.effect("fences increase strictly across holders, expiry and an emptied key", () =>
+      Effect.gen(function* () {
+        const { service: backend, sizes } = yield* fresh
+        const a = granted(yield* backend.acquire(request("a:1")))
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        assert.deepStrictEqual(yield* backend.inspect(KEY), {
+          key: KEY,
+          fence: a.fence,
+          limit: undefined,
+          holders: [],
+          queue: []
+        })
+        assert.deepStrictEqual(sizes(), { keys: 0, subscribedKeys: 0, subscriptions: 0, fences: 1 })
+        const b = granted(yield* backend.acquire(request("b:1")))
+        assert.isTrue(b.fence > a.fence)
+        yield* TestClock.adjust(1000)
+        const c = granted(yield* backend.acquire(request("c:1")))
+        assert.isTrue(c.fence > b.fence)
+        const d = granted(yield* backend.acquire(request("d:1", { key: "other" })))
+        assert.strictEqual(d.fence, 1)
+        assert.strictEqual((yield* backend.inspect(KEY)).fence, c.fence)
+      }))
+
+    it.effect("upgrading a shared hold fails with LockUpgradeNotSupported and changes nothing", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(read("a:1")))
+        const error = yield* Effect.flip(backend.acquire(request("a:1")))
+        assert.instanceOf(error, LockError.LockUpgradeNotSupported)
+        assert.deepStrictEqual([error.key, error.holder], [KEY, "a:1"])
+        const [holder] = (yield* backend.inspect(KEY)).holders
+        assert.strictEqual(holder?.shared, 1)
+        assert.strictEqual(holder?.exclusive, 0)
+      }))
+  })
+
+  describe("shared", () => {
+    it.effect("read locks share, exclude writers, and re-enter", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        const r1 = granted(yield* backend.acquire(read("r:1")))
+        yield* TestClock.adjust(200)
+        const r2 = granted(yield* backend.acquire(read("r:2")))
+        assert.isTrue(r2.fence > r1.fence)
+        assert.deepStrictEqual(granted(yield* backend.acquire(read("r:1"))), { _tag: "Granted", fence: r1.fence, count: 2 })
+        // the writer waits for the earliest reader: r:1, extended to 200 + 1000 by its re-entry
+        assert.strictEqual(denied(yield* backend.acquire(request("w:1"))).retryAfterMs, 1000)
+        const state = yield* backend.inspect(KEY)
+        assert.strictEqual(state.limit, Infinity)
+        assert.deepStrictEqual(state.holders.map((h) => [h.holder, h.shared, h.permits]), [["r:1", 2, 1], ["r:2", 1, 1]])
+      }))
+
+    it.effect("a semaphore grants permits up to its limit", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        const sem = (holder: string, permits: number) => request(holder, { mode: "shared", permits, limit: 3 })
+        granted(yield* backend.acquire(sem("a:1", 2)))
+        yield* TestClock.adjust(100)
+        granted(yield* backend.acquire(sem("b:1", 1)))
+        // full: the earliest holder to expire (a:1, at 1000) may free enough
+        assert.strictEqual(denied(yield* backend.acquire(sem("c:1", 1))).retryAfterMs, 900)
+        assert.strictEqual((yield* backend.inspect(KEY)).limit, 3)
+        yield* backend.release({ key: KEY, holder: "b:1", mode: "shared" })
+        granted(yield* backend.acquire(sem("c:1", 1)))
+        denied(yield* backend.acquire(sem("d:1", 1)))
+      }))
+
+    it.effect("a request naming another limit fails while the key has shared holders", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("a:1", { mode: "shared", limit: 3 })))
+        const error = yield* Effect.flip(backend.acquire(request("b:1", { mode: "shared", limit: 4 })))
+        assert.strictEqual(error._tag, "InvalidLockOptions")
+        assert.strictEqual(error._tag === "InvalidLockOptions" && error.field, "limit")
+        // the holder itself cannot switch limits either
+        assert.strictEqual((yield* Effect.flip(backend.acquire(read("a:1"))))._tag, "InvalidLockOptions")
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "shared" })
+        assert.strictEqual((yield* backend.inspect(KEY)).limit, undefined)
+        granted(yield* backend.acquire(request("b:1", { mode: "shared", limit: 4 })))
+        assert.strictEqual((yield* backend.inspect(KEY)).limit, 4)
+      }))
+
+    it.effect("the limit is forgotten when the last shared hold ends, even if the key stays held", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("w:1")))
+        granted(yield* backend.acquire(request("w:1", { mode: "shared", limit: 3 })))
+        assert.strictEqual((yield* backend.inspect(KEY)).limit, 3)
+        yield* backend.release({ key: KEY, holder: "w:1", mode: "shared" })
+        const state = yield* backend.inspect(KEY)
+        assert.deepStrictEqual([state.holders.length, state.limit], [1, undefined])
+        assert.deepStrictEqual([state.holders[0]?.exclusive, state.holders[0]?.shared, state.holders[0]?.permits], [1, 0, 0])
+        granted(yield* backend.acquire(request("w:1", { mode: "shared", limit: 5 })))
+      }))
+
+    it.effect("more permits than the limit fail instead of waiting forever", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        const error = yield* Effect.flip(backend.acquire(request("a:1", { mode: "shared", permits: 3, limit: 2 })))
+        assert.strictEqual(error._tag === "InvalidLockOptions" && error.field, "permits")
+      }))
+
+    it.effect("a writer may downgrade: it keeps its fence and readers enter after the write hold ends", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        const w = granted(yield* backend.acquire(request("w:1")))
+        assert.deepStrictEqual(granted(yield* backend.acquire(read("w:1"))), { _tag: "Granted", fence: w.fence, count: 1 })
+        denied(yield* backend.acquire(read("r:1")))
+        assert.strictEqual(yield* backend.release({ key: KEY, holder: "w:1", mode: "exclusive" }), 0)
+        const [holder] = (yield* backend.inspect(KEY)).holders
+        assert.deepStrictEqual([holder?.exclusive, holder?.shared, holder?.fence], [0, 1, w.fence])
+        granted(yield* backend.acquire(read("r:1")))
+        // now a pure reader again: no upgrade back
+        assert.strictEqual((yield* Effect.flip(backend.acquire(request("w:1"))))._tag, "LockUpgradeNotSupported")
+      }))
+
+    it.effect("a downgrade skips the fair queue of waiters blocked by the writer itself", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(fair("w:1")))
+        denied(yield* backend.acquire(read("r:1", { fair: true })))
+        granted(yield* backend.acquire(read("w:1", { fair: true })))
+      }))
+  })
+
+  describe("release", () => {
+    it.effect("release by a non-holder or in the wrong mode is NotHeld and changes nothing", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("a:1")))
+        const before = yield* backend.inspect(KEY)
+        const foreign = yield* Effect.flip(backend.release({ key: KEY, holder: "b:1", mode: "exclusive" }))
+        assert.instanceOf(foreign, LockError.NotHeld)
+        assert.deepStrictEqual([foreign.key, foreign.holder], [KEY, "b:1"])
+        const wrongMode = yield* Effect.flip(backend.release({ key: KEY, holder: "a:1", mode: "shared" }))
+        assert.strictEqual(wrongMode._tag, "NotHeld")
+        assert.deepStrictEqual(yield* backend.inspect(KEY), before)
+        // an expired hold is not held either
+        yield* TestClock.adjust(1000)
+        assert.strictEqual((yield* Effect.flip(backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })))._tag, "NotHeld")
+      }))
+  })
+
+  describe("expiry and renewal", () => {
+    it.effect("a holder is dropped when its lease ends on the Effect clock", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("a:1")))
+        yield* TestClock.adjust(999)
+        assert.strictEqual(denied(yield* backend.acquire(request("b:1"))).retryAfterMs, 1)
+        assert.strictEqual((yield* backend.inspect(KEY)).holders[0]?.ttlMs, 1)
+        yield* TestClock.adjust(1)
+        assert.deepStrictEqual((yield* backend.inspect(KEY)).holders, [])
+        granted(yield* backend.acquire(request("b:1")))
+      }))
+
+    it.effect("renew extends live holds and reports lost ones", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("a:1")))
+        granted(yield* backend.acquire(read("r:1", { key: "other" })))
+        yield* TestClock.adjust(900)
+        assert.deepStrictEqual(
+          yield* backend.renew([
+            { key: KEY, holder: "a:1", leaseMs: 1000 },
+            { key: KEY, holder: "b:1", leaseMs: 1000 },
+            { key: "other", holder: "r:1", leaseMs: 50 }
+          ]),
+          [true, false, true]
+        )
+        // renew never shortens: r:1 keeps its original 100 ms left
+        assert.strictEqual((yield* backend.inspect("other")).holders[0]?.ttlMs, 100)
+        yield* TestClock.adjust(600)
+        assert.strictEqual(denied(yield* backend.acquire(request("b:1"))).retryAfterMs, 400)
+        yield* TestClock.adjust(400)
+        assert.deepStrictEqual(yield* backend.renew([{ key: KEY, holder: "a:1", leaseMs: 1000 }]), [false])
+        granted(yield* backend.acquire(request("b:1")))
+      }))
+  })
+
+  describe("fair queue", () => {
+    it.effect("grants in arrival order and accounts for waiters ahead", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(fair("a:1")))
+        // b:1 is head: only the holder blocks it
+        assert.strictEqual(denied(yield* backend.acquire(fair("b:1"))).retryAfterMs, 1000)
+        // c:1 also waits on b:1's queue entry (ttl 100)
+        assert.strictEqual(denied(yield* backend.acquire(fair("c:1"))).retryAfterMs, 100)
+        assert.deepStrictEqual((yield* backend.inspect(KEY)).queue.map((w) => w.holder), ["b:1", "c:1"])
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        denied(yield* backend.acquire(fair("c:1")))
+        granted(yield* backend.acquire(fair("b:1")))
+        assert.deepStrictEqual((yield* backend.inspect(KEY)).queue.map((w) => w.holder), ["c:1"])
+        // a non-fair request ignores the queue
+        yield* backend.release({ key: KEY, holder: "b:1", mode: "exclusive" })
+        granted(yield* backend.acquire(request("x:1")))
+      }))
+
+    it.effect("a retry refreshes the entry; a waiter that stops retrying is dropped", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(fair("a:1")))
+        denied(yield* backend.acquire(fair("b:1")))
+        denied(yield* backend.acquire(fair("c:1")))
+        yield* TestClock.adjust(60)
+        denied(yield* backend.acquire(fair("c:1")))
+        assert.deepStrictEqual((yield* backend.inspect(KEY)).queue, [{ holder: "b:1", ttlMs: 40 }, { holder: "c:1", ttlMs: 100 }])
+        yield* TestClock.adjust(40)
+        // b:1 stopped retrying: dropped after its waiter ttl, c:1 is next
+        assert.deepStrictEqual((yield* backend.inspect(KEY)).queue, [{ holder: "c:1", ttlMs: 60 }])
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        granted(yield* backend.acquire(fair("c:1")))
+        assert.deepStrictEqual((yield* backend.inspect(KEY)).queue, [])
+      }))
+
+    it.effect("fair shared requests queue too, behind a queued writer", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(read("r:1", { fair: true })))
+        denied(yield* backend.acquire(fair("w:1")))
+        // r:2 would fit, but the writer is ahead of it
+        denied(yield* backend.acquire(read("r:2", { fair: true })))
+        yield* backend.release({ key: KEY, holder: "r:1", mode: "shared" })
+        granted(yield* backend.acquire(fair("w:1")))
+      }))
+
+    it.effect("cancel removes a waiter and wakes the new head only when the head changed", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(fair("a:1")))
+        for (const holder of ["b:1", "c:1", "d:1"]) denied(yield* backend.acquire(fair(holder)))
+        const subD = yield* backend.subscribe(KEY, "d:1")
+        const subC = yield* backend.subscribe(KEY, "c:1")
+        const waitC = yield* awaitFork(subC)
+        const waitD = yield* awaitFork(subD)
+        yield* backend.cancel(KEY, "c:1")
+        assert.isFalse(yield* isDone(waitD))
+        yield* backend.cancel(KEY, "b:1")
+        assert.deepStrictEqual((yield* backend.inspect(KEY)).queue.map((w) => w.holder), ["d:1"])
+        assert.isTrue(yield* isDone(waitD))
+        assert.isFalse(yield* isDone(waitC))
+      }).pipe(Effect.scoped))
+  })
+
+  describe("forceRelease", () => {
+    it.effect("drops every holder, keeps the fence and wakes a waiter", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(read("r:1")))
+        const r2 = granted(yield* backend.acquire(read("r:2")))
+        const sub = yield* backend.subscribe(KEY, "w:1")
+        const wait = yield* awaitFork(sub)
+        assert.isTrue(yield* backend.forceRelease(KEY))
+        assert.isTrue(yield* isDone(wait))
+        const state = yield* backend.inspect(KEY)
+        assert.deepStrictEqual([state.holders, state.limit, state.fence], [[], undefined, r2.fence])
+        assert.isFalse(yield* backend.forceRelease(KEY))
+        assert.isTrue(granted(yield* backend.acquire(request("w:1"))).fence > r2.fence)
+      }).pipe(Effect.scoped))
+  })
+
+  describe("subscriptions", () => {
+    it.effect("a release wakes one subscriber, in arrival order", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("a:1")))
+        const scopes = yield* Effect.forEach(["b:1", "c:1", "d:1"], () => Scope.make())
+        const subs = yield* Effect.forEach(["b:1", "c:1", "d:1"], (h, i) =>
+          backend.subscribe(KEY, h).pipe(Scope.extend(scopes[i]!)))
+        const waits = yield* Effect.forEach(subs, awaitFork)
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        assert.deepStrictEqual(yield* Effect.forEach(waits, isDone), [true, false, false])
+        granted(yield* backend.acquire(request("b:1")))
+        // the granted waiter stops waiting: its subscription closes successfully
+        yield* Scope.close(scopes[0]!, Exit.void)
+        yield* backend.release({ key: KEY, holder: "b:1", mode: "exclusive" })
+        assert.deepStrictEqual(yield* Effect.forEach(waits, isDone), [true, true, false])
+        yield* Effect.forEach(scopes, (scope) => Scope.close(scope, Exit.void))
+      }).pipe(Effect.scoped))
+
+    it.effect("a count decrement that keeps the hold wakes nobody", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("a:1")))
+        granted(yield* backend.acquire(request("a:1")))
+        const wait = yield* awaitFork(yield* backend.subscribe(KEY, "b:1"))
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        assert.isFalse(yield* isDone(wait))
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        assert.isTrue(yield* isDone(wait))
+      }).pipe(Effect.scoped))
+
+    it.effect("a signal delivered before await is pending and consumed once", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("a:1")))
+        const sub = yield* backend.subscribe(KEY, "b:1")
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        assert.isTrue(yield* isDone(yield* awaitFork(sub)))
+        assert.isFalse(yield* isDone(yield* awaitFork(sub)))
+      }).pipe(Effect.scoped))
+
+    it.effect("a signal delivered to a waiting await is consumed by it", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("a:1")))
+        const sub = yield* backend.subscribe(KEY, "b:1")
+        const wait = yield* awaitFork(sub)
+        yield* settle
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        assert.isTrue(yield* isDone(wait))
+        assert.isFalse(yield* isDone(yield* awaitFork(sub)))
+      }).pipe(Effect.scoped))
+
+    it.effect("a subscriber holding an unconsumed signal is skipped by the next wake-up", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        const sem = (holder: string) => request(holder, { mode: "shared", limit: 2 })
+        granted(yield* backend.acquire(sem("a:1")))
+        granted(yield* backend.acquire(sem("b:1")))
+        const subC = yield* backend.subscribe(KEY, "c:1")
+        const subD = yield* backend.subscribe(KEY, "d:1")
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "shared" })
+        yield* backend.release({ key: KEY, holder: "b:1", mode: "shared" })
+        assert.isTrue(yield* isDone(yield* awaitFork(subC)))
+        assert.isTrue(yield* isDone(yield* awaitFork(subD)))
+      }).pipe(Effect.scoped))
+
+    it.effect("a fair key wakes the queue head's subscriber first", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(fair("a:1")))
+        denied(yield* backend.acquire(fair("b:1")))
+        denied(yield* backend.acquire(fair("c:1")))
+        const waitC = yield* awaitFork(yield* backend.subscribe(KEY, "c:1"))
+        const waitB = yield* awaitFork(yield* backend.subscribe(KEY, "b:1"))
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        assert.isTrue(yield* isDone(waitB))
+        assert.isFalse(yield* isDone(waitC))
+      }).pipe(Effect.scoped))
+
+    it.effect("await is interruptible and an interrupted await does not eat later signals", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("a:1")))
+        const sub = yield* backend.subscribe(KEY, "b:1")
+        const first = yield* awaitFork(sub)
+        yield* settle
+        const exit = yield* Fiber.interrupt(first)
+        assert.isTrue(Exit.isInterrupted(exit))
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        assert.isTrue(yield* isDone(yield* awaitFork(sub)))
+      }).pipe(Effect.scoped))
+
+    it.effect("closing a subscription releases its awaiting fibers instead of leaving them blocked", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        const scope = yield* Scope.make()
+        const sub = yield* backend.subscribe(KEY, "b:1").pipe(Scope.extend(scope))
+        const wait = yield* awaitFork(sub)
+        assert.isFalse(yield* isDone(wait))
+        yield* Scope.close(scope, Exit.void)
+        assert.isTrue(yield* isDone(wait))
+        assert.isTrue(yield* isDone(yield* awaitFork(sub)))
+      }))
+
+    it.effect("a woken subscriber that is interrupted hands the wake-up on", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("a:1")))
+        // b:1 subscribes but never gets to await: the wake-up stays pending on it
+        const b = yield* Effect.fork(Effect.scoped(Effect.zipRight(backend.subscribe(KEY, "b:1"), Effect.never)))
+        yield* settle
+        const subC = yield* backend.subscribe(KEY, "c:1")
+        const waitC = yield* awaitFork(subC)
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        assert.isFalse(yield* isDone(waitC))
+        yield* Fiber.interrupt(b)
+        assert.isTrue(yield* isDone(waitC))
+      }).pipe(Effect.scoped))
+
+    it.effect("a subscription closed with a failure hands on; one closed successfully does not", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        const handsOn = (exit: Exit.Exit<unknown, unknown>) =>
+          Effect.gen(function* () {
+            granted(yield* backend.acquire(request("a:1")))
+            const scope = yield* Scope.make()
+            yield* backend.subscribe(KEY, "b:1").pipe(Scope.extend(scope))
+            const waitC = yield* awaitFork(yield* backend.subscribe(KEY, "c:1"))
+            yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+            yield* Scope.close(scope, exit)
+            const done = yield* isDone(waitC)
+            yield* Fiber.interrupt(waitC)
+            return done
+          }).pipe(Effect.scoped)
+        assert.isTrue(yield* handsOn(Exit.fail("timeout")))
+        assert.isFalse(yield* handsOn(Exit.void))
+      }))
+
+    it.effect("a shared grant wakes the next reader, so all readers enter after one release", () =>
+      Effect.gen(function* () {
+        const { service: backend } = yield* fresh
+        granted(yield* backend.acquire(request("w:1")))
+        const readers = yield* Effect.forEach(["r:1", "r:2", "r:3"], (h) => Effect.fork(waitFor(backend, read(h))))
+        yield* settle
+        yield* backend.release({ key: KEY, holder: "w:1", mode: "exclusive" })
+        assert.deepStrictEqual(yield* Effect.forEach(readers, isDone), [true, true, true])
+        assert.strictEqual((yield* backend.inspect(KEY)).holders.length, 3)
+      }))
+
+    const touches: ReadonlyArray<readonly [string, (backend: Service) => Effect.Effect<unknown, unknown>]> = [
+      ["inspect", (backend) => backend.inspect(KEY)],
+      ["release", (backend) => Effect.either(backend.release({ key: KEY, holder: "a:1", mode: "exclusive" }))],
+      ["renew", (backend) => backend.renew([{ key: KEY, holder: "a:1", leaseMs: 1000 }])],
+      ["acquire", (backend) => backend.acquire(request("x:1", { key: KEY }))],
+      ["forceRelease", (backend) => backend.forceRelease(KEY)],
+      ["cancel", (backend) => backend.cancel(KEY, "x:1")]
+    ]
+    for (const [name, touch] of touches) {
+      it.effect(`an expiry noticed by ${name} wakes a waiter`, () =>
+        Effect.gen(function* () {
+          const { service: backend } = yield* fresh
+          granted(yield* backend.acquire(request("a:1")))
+          const wait = yield* awaitFork(yield* backend.subscribe(KEY, "b:1"))
+          yield* TestClock.adjust(1000)
+          // no timers: nothing happens until the key is touched
+          assert.isFalse(yield* isDone(wait))
+          yield* touch(backend)
+          assert.isTrue(yield* isDone(wait))
+        }).pipe(Effect.scoped))
+    }
+
+    it.effect("waiters take turns on an exclusive key and leave no state behind", () =>
+      Effect.gen(function* () {
+        const { service: backend, sizes } = yield* fresh
+        const holders = ["w:1", "w:2", "w:3", "w:4"]
+        granted(yield* backend.acquire(fair("w:0")))
+        const order: Array<string> = []
+        const workers = yield* Effect.forEach(holders, (h) =>
+          Effect.fork(
+            waitFor(backend, fair(h, { waiterTtlMs: 10_000 })).pipe(
+              Effect.tap(() => Effect.sync(() => order.push(h))),
+              Effect.zipRight(backend.release({ key: KEY, holder: h, mode: "exclusive" }))
+            )
+          ))
+        yield* settle
+        assert.deepStrictEqual((yield* backend.inspect(KEY)).queue.map((w) => w.holder), holders)
+        yield* backend.release({ key: KEY, holder: "w:0", mode: "exclusive" })
+        yield* Effect.forEach(workers, Fiber.join)
+        assert.deepStrictEqual(order, holders)
+        const state = yield* backend.inspect(KEY)
+        assert.deepStrictEqual([state.holders, state.queue, state.limit, state.fence], [[], [], undefined, 5])
+        assert.deepStrictEqual(sizes(), { keys: 0, subscribedKeys: 0, subscriptions: 0, fences: 1 })
+      }))
+
+    it.effect("no state is left after holders, waiters and subscriptions are gone", () =>
+      Effect.gen(function* () {
+        const { service: backend, sizes } = yield* fresh
+        yield* Effect.gen(function* () {
+          granted(yield* backend.acquire(request("a:1", { mode: "shared", limit: 2 })))
+          denied(yield* backend.acquire(request("w:1", { fair: true })))
+          const sub = yield* backend.subscribe(KEY, "w:1")
+          yield* awaitFork(sub)
+          assert.deepStrictEqual(sizes(), { keys: 1, subscribedKeys: 1, subscriptions: 1, fences: 1 })
+        }).pipe(Effect.scoped)
+        yield* backend.release({ key: KEY, holder: "a:1", mode: "shared" })
+        // the queue entry of w:1 outlives the hold until its waiter ttl
+        assert.deepStrictEqual(sizes(), { keys: 1, subscribedKeys: 0, subscriptions: 0, fences: 1 })
+        yield* TestClock.adjust(100)
+        const state = yield* backend.inspect(KEY)
+        assert.deepStrictEqual([state.holders, state.queue, state.limit], [[], [], undefined])
+        assert.deepStrictEqual(sizes(), { keys: 0, subscribedKeys: 0, subscriptions: 0, fences: 1 })
+      }))
+  })
+})
