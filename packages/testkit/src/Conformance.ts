@@ -1,0 +1,57 @@
+/**
+ * The conformance suite every lockstep backend runs: the behaviour of the user-facing API
+ * (`Lock`, `FairLock`, `ReadWriteLock`, `Semaphore`) on top of the backend, plus the model-based
+ * property test of the backend itself. Call `Conformance.suite` from a vitest test file.
+ *
+ * @since 0.1.0
+ */
+import { describe, it } from "@effect/vitest"
+import type { Layer } from "effect"
+import type { LockBackend } from "@lockstep/core/LockBackend"
+import * as internal from "./internal/conformance.js"
+
+/**
+ * How to run the suite against one backend.
+ *
+ * @example
+ * ```ts
+ * import { Conformance } from "@lockstep/testkit"
+ * import { MemoryBackend } from "@lockstep/memory"
+ *
+ * const harness: Conformance.Harness = { name: "memory", layer: MemoryBackend.layer, clock: "test" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Harness {
+  /** Shown in the test titles. */
+  readonly name: string
+  /** Builds a backend; each test builds its own. Tests use fresh random keys, so a shared server is fine. */
+  readonly layer: Layer.Layer<LockBackend>
+  /**
+   * `"test"`: expiry follows Effect's Clock, and the suite drives it with `TestClock`.
+   * `"live"`: the backend judges expiry on its own clock; the suite uses short real leases.
+   */
+  readonly clock: "test" | "live"
+  /** Model-based runs (default 200). */
+  readonly modelRuns?: number | undefined
+}
+
+/**
+ * Registers the whole conformance suite for a backend in the current test file.
+ *
+ * @example
+ * ```ts
+ * import { Conformance } from "@lockstep/testkit"
+ * import { MemoryBackend } from "@lockstep/memory"
+ *
+ * Conformance.suite({ name: "memory", layer: MemoryBackend.layer, clock: "test" })
+ * ```
+ *
+ * @since 0.1.0
+ * @category suites
+ */
+export const suite = (harness: Harness): void => {
+  describe(`conformance: ${harness.name}`, () => internal.register(harness, harness.clock === "test" ? it.effect : it.live))
+}

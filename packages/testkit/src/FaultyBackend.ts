@@ -1,0 +1,236 @@
+/**
+ * Deliberately broken backends for negative tests: wrap a correct `LockBackend` service (or the
+ * layer that builds it) so that it lies or fails, and check that the model check, the history
+ * checker or the lock API notices.
+ *
+ * Every fault comes in two shapes: a `Service => Service` function, and a `Layer => Layer`
+ * function (suffix `Layer`) that wraps the `LockBackend` a layer provides.
+ *
+ * @since 0.1.0
+ */
+import { Effect, Layer, Random, Ref } from "effect"
+import type { AcquireResult, Service } from "@lockstep/core/LockBackend"
+import { LockBackend } from "@lockstep/core/LockBackend"
+import { BackendError } from "@lockstep/core/LockError"
+
+/**
+ * Turns a `Service => Service` wrapper into one over layers providing `LockBackend`.
+ *
+ * @example
+ * ```ts
+ * import { FaultyBackend } from "@lockstep/testkit"
+ * import { MemoryBackend } from "@lockstep/memory"
+ *
+ * const broken = FaultyBackend.wrap(FaultyBackend.grantTwice)(MemoryBackend.layer)
+ * ```
+ *
+ * @since 0.1.0
+ * @category combinators
+ */
+export const wrap = (f: (service: Service) => Service) =>
+<E, R>(layer: Layer.Layer<LockBackend, E, R>): Layer.Layer<LockBackend, E, R> =>
+  Layer.effect(LockBackend, Effect.map(LockBackend, f)).pipe(Layer.provide(layer))
+
+/**
+ * A backend that grants an exclusive lock twice: an exclusive acquisition the wrapped backend
+ * denies is reported `Granted` with a fresh-looking fence (the key's last fence + 1) and count 1,
+ * although nothing was granted.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { LockBackend } from "@lockstep/core/LockBackend"
+ * import { FaultyBackend } from "@lockstep/testkit"
+ *
+ * const liar = Effect.map(LockBackend, FaultyBackend.grantTwice)
+ * ```
+ *
+ * @since 0.1.0
+ * @category faults
+ */
+export const grantTwice = (backend: Service): Service => ({
+  ...backend,
+  acquire: (request) =>
+    Effect.flatMap(backend.acquire(request), (result) =>
+      result._tag === "Denied" && request.mode === "exclusive"
+        ? Effect.map(
+          backend.inspect(request.key),
+          (state): AcquireResult => ({ _tag: "Granted", fence: state.fence + 1, count: 1 })
+        )
+        : Effect.succeed(result))
+})
+
+/**
+ * `grantTwice` over a layer.
+ *
+ * @example
+ * ```ts
+ * import { FaultyBackend } from "@lockstep/testkit"
+ * import { MemoryBackend } from "@lockstep/memory"
+ *
+ * const broken = FaultyBackend.grantTwiceLayer(MemoryBackend.layer)
+ * ```
+ *
+ * @since 0.1.0
+ * @category faults
+ */
+export const grantTwiceLayer: <E, R>(layer: Layer.Layer<LockBackend, E, R>) => Layer.Layer<LockBackend, E, R> =
+  wrap(grantTwice)
+
+/**
+ * A backend whose releases do nothing: a release reports success (the count the holder would
+ * have left, or 0 where the real backend would say `NotHeld`) while the hold stays until it
+ * expires.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { LockBackend } from "@lockstep/core/LockBackend"
+ * import { FaultyBackend } from "@lockstep/testkit"
+ *
+ * const sticky = Effect.map(LockBackend, FaultyBackend.ignoreRelease)
+ * ```
+ *
+ * @since 0.1.0
+ * @category faults
+ */
+export const ignoreRelease = (backend: Service): Service => ({
+  ...backend,
+  release: (request) =>
+    Effect.map(backend.inspect(request.key), (state) => {
+      const hold = state.holders.find((h) => h.holder === request.holder)
+      const count = hold === undefined ? 0 : request.mode === "exclusive" ? hold.exclusive : hold.shared
+      return Math.max(0, count - 1)
+    })
+})
+
+/**
+ * `ignoreRelease` over a layer.
+ *
+ * @example
+ * ```ts
+ * import { FaultyBackend } from "@lockstep/testkit"
+ * import { MemoryBackend } from "@lockstep/memory"
+ *
+ * const sticky = FaultyBackend.ignoreReleaseLayer(MemoryBackend.layer)
+ * ```
+ *
+ * @since 0.1.0
+ * @category faults
+ */
+export const ignoreReleaseLayer: <E, R>(layer: Layer.Layer<LockBackend, E, R>) => Layer.Layer<LockBackend, E, R> =
+  wrap(ignoreRelease)
+
+/**
+ * A backend operation that `failing` can break.
+ *
+ * @example
+ * ```ts
+ * import type { FaultyBackend } from "@lockstep/testkit"
+ *
+ * const op: FaultyBackend.Operation = "renew"
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type Operation = "acquire" | "release" | "renew" | "inspect" | "forceRelease" | "cancel" | "subscribe"
+
+/**
+ * Which calls `failing` breaks, and how.
+ *
+ * @example
+ * ```ts
+ * import type { FaultyBackend } from "@lockstep/testkit"
+ *
+ * // every third acquisition is carried out, but its reply is lost
+ * const options: FaultyBackend.FailingOptions = {
+ *   operation: "acquire",
+ *   when: (call) => call % 3 === 0,
+ *   timing: "after"
+ * }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface FailingOptions {
+  /** The operation(s) to break. */
+  readonly operation: Operation | ReadonlyArray<Operation>
+  /**
+   * A probability in [0, 1] (drawn from Effect's `Random`, so a seeded `Random` makes runs
+   * repeatable), or a predicate on the 1-based number of the call of that operation on this
+   * wrapped service.
+   */
+  readonly when: number | ((call: number) => boolean)
+  /**
+   * `"before"` (default): the call never reaches the backend. `"after"`: the backend carries it
+   * out and then the reply is lost — the caller sees `BackendError` although the operation
+   * happened (the hard case: a grant the caller does not know it holds).
+   */
+  readonly timing?: "before" | "after" | undefined
+}
+
+/**
+ * A backend whose chosen operations fail with `BackendError` (cause: `Error("injected fault")`).
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { LockBackend } from "@lockstep/core/LockBackend"
+ * import { FaultyBackend } from "@lockstep/testkit"
+ *
+ * const flaky = Effect.map(LockBackend, FaultyBackend.failing({ operation: "renew", when: 0.2 }))
+ * ```
+ *
+ * @since 0.1.0
+ * @category faults
+ */
+export const failing = (options: FailingOptions) => (backend: Service): Service => {
+  const operations: ReadonlyArray<Operation> = typeof options.operation === "string"
+    ? [options.operation]
+    : options.operation
+  const calls = new Map<Operation, Ref.Ref<number>>(operations.map((op) => [op, Ref.unsafeMake(0)]))
+  const when = options.when
+  const decide = (call: number): Effect.Effect<boolean> =>
+    typeof when === "number" ? Effect.map(Random.next, (x) => x < when) : Effect.sync(() => when(call))
+  const inject = <A, E, R>(operation: Operation, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | BackendError, R> => {
+    const counter = calls.get(operation)
+    if (counter === undefined) return effect
+    return Effect.gen(function*() {
+      const call = yield* Ref.updateAndGet(counter, (n) => n + 1)
+      if (!(yield* decide(call))) return yield* effect
+      if (options.timing === "after") yield* Effect.exit(effect)
+      return yield* Effect.fail(new BackendError({ operation, cause: new Error("injected fault") }))
+    })
+  }
+  return {
+    clientId: backend.clientId,
+    acquire: (request) => inject("acquire", backend.acquire(request)),
+    release: (request) => inject("release", backend.release(request)),
+    renew: (requests) => inject("renew", backend.renew(requests)),
+    inspect: (key) => inject("inspect", backend.inspect(key)),
+    forceRelease: (key) => inject("forceRelease", backend.forceRelease(key)),
+    cancel: (key, holder) => inject("cancel", backend.cancel(key, holder)),
+    subscribe: (key, holder) => inject("subscribe", backend.subscribe(key, holder))
+  }
+}
+
+/**
+ * `failing` over a layer; each build of the layer counts calls afresh.
+ *
+ * @example
+ * ```ts
+ * import { FaultyBackend } from "@lockstep/testkit"
+ * import { MemoryBackend } from "@lockstep/memory"
+ *
+ * const flaky = FaultyBackend.failingLayer({ operation: ["acquire", "release"], when: 0.1 })(MemoryBackend.layer)
+ * ```
+ *
+ * @since 0.1.0
+ * @category faults
+ */
+export const failingLayer = (
+  options: FailingOptions
+): <E, R>(layer: Layer.Layer<LockBackend, E, R>) => Layer.Layer<LockBackend, E, R> =>
+  wrap(failing(options))

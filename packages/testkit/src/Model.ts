@@ -1,0 +1,554 @@
+/**
+ * A pure reference model of the backend rules written down in `@lockstep/core/LockBackend`. It is
+ * the specification backends are checked against (see `ModelCheck`), so it favours plainness over
+ * speed: immutable data, one function per backend operation, each taking the current time `now`
+ * (milliseconds on the backend's clock) and returning the next state with the result, in the very
+ * shapes the `LockBackend` service reports.
+ *
+ * Conventions the backend module leaves implicit, fixed here:
+ * - a hold or queue entry is live while `now < expiresAt`; at `now === expiresAt` it has expired.
+ * - every operation first drops the key's expired holders and queue entries.
+ * - `fair` orders new grants only: a holder that already holds the key (re-entry, or a writer
+ *   taking the read lock) is never held back by the queue. It applies to both modes.
+ * - any grant removes the holder from the key's queue; errors never touch the queue.
+ * - the stored `limit` belongs to the shared holds: it is set by the first shared grant and
+ *   forgotten when the key has no shared holder left. Exclusive requests ignore `limit`.
+ * - a shared re-entry keeps the permits of the first shared grant (a release returns one count,
+ *   not a number of permits), and is granted whatever `permits` it names.
+ * - requests are assumed valid (`1 <= permits <= limit`, positive lease and waiter TTL): the
+ *   user-facing API rejects anything else before it reaches a backend.
+ *
+ * @since 0.1.0
+ */
+import { Either } from "effect"
+import type {
+  AcquireRequest,
+  AcquireResult,
+  HoldMode,
+  KeyState,
+  ReleaseRequest,
+  RenewRequest
+} from "@lockstep/core/LockBackend"
+import { InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
+
+/**
+ * One holder's holds on one key.
+ *
+ * @example
+ * ```ts
+ * import type { Model } from "@lockstep/testkit"
+ *
+ * const writer: Model.Hold = { holder: "c:1", exclusive: 1, shared: 0, permits: 0, fence: 1, expiresAt: 30_000 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Hold {
+  readonly holder: string
+  /** Exclusive hold count (0 when not held exclusively). */
+  readonly exclusive: number
+  /** Shared hold count (0 when not held shared). */
+  readonly shared: number
+  /** Permits of the shared hold (0 when not held shared). */
+  readonly permits: number
+  readonly fence: number
+  readonly expiresAt: number
+}
+
+/**
+ * One fair-queue entry.
+ *
+ * @example
+ * ```ts
+ * import type { Model } from "@lockstep/testkit"
+ *
+ * const waiter: Model.Waiter = { holder: "c:2", expiresAt: 5_000 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Waiter {
+  readonly holder: string
+  readonly expiresAt: number
+}
+
+/**
+ * The state of one key.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const fresh: Model.Key = Model.emptyKey
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Key {
+  /** The last fence issued (0 if none ever was). Never goes back. */
+  readonly fence: number
+  /** The stored shared limit; `undefined` while the key has no shared holder. */
+  readonly limit: number | undefined
+  /** Holders in the order they were first granted. */
+  readonly holders: ReadonlyArray<Hold>
+  /** Waiters in arrival order. */
+  readonly queue: ReadonlyArray<Waiter>
+}
+
+/**
+ * The state of every key. Keys never touched are absent and behave as `emptyKey`.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const state: Model.State = Model.empty
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface State {
+  readonly keys: ReadonlyMap<string, Key>
+}
+
+/**
+ * The next state together with the result of an operation.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const step: Model.Step<boolean> = Model.forceRelease(Model.empty, "k", 0)
+ * console.log(step.result) // false
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Step<A> {
+  readonly state: State
+  readonly result: A
+}
+
+/**
+ * The errors `acquire` can report (a backend may also report `BackendError`; the model never does).
+ *
+ * @example
+ * ```ts
+ * import type { Model } from "@lockstep/testkit"
+ *
+ * const tag = (e: Model.AcquireError) => e._tag
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type AcquireError = LockUpgradeNotSupported | InvalidLockOptions
+
+/**
+ * A key nobody has touched yet.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * console.log(Model.emptyKey.fence) // 0
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const emptyKey: Key = { fence: 0, limit: undefined, holders: [], queue: [] }
+
+/**
+ * The state in which no key was ever touched.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const state = Model.empty
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const empty: State = { keys: new Map() }
+
+/**
+ * The stored state of a key, as is (expired entries included).
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * console.log(Model.getKey(Model.empty, "k").holders.length) // 0
+ * ```
+ *
+ * @since 0.1.0
+ * @category getters
+ */
+export const getKey = (state: State, key: string): Key => state.keys.get(key) ?? emptyKey
+
+const setKey = (state: State, key: string, value: Key): State => {
+  const keys = new Map(state.keys)
+  keys.set(key, normalize(value))
+  return { keys }
+}
+
+/** The shared limit is forgotten once the key has no shared holder left. */
+const normalize = (key: Key): Key =>
+  key.holders.some((h) => h.shared > 0) ? key : { ...key, limit: undefined }
+
+const isLive = (expiresAt: number, now: number): boolean => now < expiresAt
+
+/** The key with its expired holders and queue entries dropped. */
+const pruned = (key: Key, now: number): Key =>
+  normalize({
+    ...key,
+    holders: key.holders.filter((h) => isLive(h.expiresAt, now)),
+    queue: key.queue.filter((w) => isLive(w.expiresAt, now))
+  })
+
+/**
+ * The live state of a key at `now`: expired holders and queue entries dropped.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const key = Model.liveKey(Model.empty, "k", 1_000)
+ * ```
+ *
+ * @since 0.1.0
+ * @category getters
+ */
+export const liveKey = (state: State, key: string, now: number): Key => pruned(getKey(state, key), now)
+
+const findHold = (key: Key, holder: string): Hold | undefined => key.holders.find((h) => h.holder === holder)
+
+const replaceHold = (key: Key, hold: Hold): Key => ({
+  ...key,
+  holders: key.holders.map((h) => (h.holder === hold.holder ? hold : h))
+})
+
+const removeHolder = (key: Key, holder: string): Key => ({
+  ...key,
+  holders: key.holders.filter((h) => h.holder !== holder)
+})
+
+const dequeue = (key: Key, holder: string): Key => ({
+  ...key,
+  queue: key.queue.filter((w) => w.holder !== holder)
+})
+
+/** Adds `holder` at the end of the queue, or refreshes its entry in place. */
+const enqueue = (key: Key, holder: string, expiresAt: number): Key =>
+  key.queue.some((w) => w.holder === holder)
+    ? { ...key, queue: key.queue.map((w) => (w.holder === holder ? { holder, expiresAt } : w)) }
+    : { ...key, queue: [...key.queue, { holder, expiresAt }] }
+
+const countOf = (hold: Hold, mode: HoldMode): number => (mode === "exclusive" ? hold.exclusive : hold.shared)
+
+const granted = (fence: number, count: number): AcquireResult => ({ _tag: "Granted", fence, count })
+
+/** The queue entries standing before `holder` (all of them when it is not queued). */
+const aheadOf = (key: Key, holder: string): ReadonlyArray<Waiter> => {
+  const index = key.queue.findIndex((w) => w.holder === holder)
+  return index === -1 ? key.queue : key.queue.slice(0, index)
+}
+
+/**
+ * Applies an acquisition attempt.
+ *
+ * In order: drop expired entries; a shared request naming another limit than the stored one fails
+ * with `InvalidLockOptions`; an exclusive request by a holder holding the key only shared fails
+ * with `LockUpgradeNotSupported`; a holder already holding the key in the requested mode re-enters
+ * (count + 1, expiry at least now + lease, same fence); a writer asking for the read lock gets it
+ * if its permits fit (same fence). Otherwise it is a new grant, allowed iff the mode allows it
+ * (exclusive: no live holder; shared: no live exclusive holder and the shared permits + `permits`
+ * fit the limit) and, when `fair`, the queue is empty or starts with the holder. A new grant takes
+ * the next fence. A denied fair request queues the holder (or refreshes its entry) until
+ * now + `waiterTtlMs`. `retryAfterMs` is the time until the earliest blocking hold or queue entry
+ * expires, at least 1.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const request = {
+ *   key: "k", holder: "c:1", mode: "exclusive", permits: 1, limit: 1,
+ *   leaseMs: 100, fair: false, waiterTtlMs: 50
+ * } as const
+ * const { state, result } = Model.acquire(Model.empty, request, 0)
+ * // result: Either.right({ _tag: "Granted", fence: 1, count: 1 })
+ * ```
+ *
+ * @since 0.1.0
+ * @category operations
+ */
+export const acquire = (
+  state: State,
+  request: AcquireRequest,
+  now: number
+): Step<Either.Either<AcquireResult, AcquireError>> => {
+  const key = liveKey(state, request.key, now)
+  const { holder, mode } = request
+  const done = (next: Key, result: Either.Either<AcquireResult, AcquireError>) => ({
+    state: setKey(state, request.key, next),
+    result
+  })
+
+  if (mode === "shared" && key.limit !== undefined && key.limit !== request.limit) {
+    return done(
+      key,
+      Either.left(
+        new InvalidLockOptions({
+          field: "limit",
+          reason: `"${request.key}" is held with limit ${key.limit}, the request names ${request.limit}`
+        })
+      )
+    )
+  }
+
+  const hold = findHold(key, holder)
+  const expiresAt = now + request.leaseMs
+
+  if (hold !== undefined) {
+    if (mode === "exclusive" && hold.exclusive === 0) {
+      return done(key, Either.left(new LockUpgradeNotSupported({ key: request.key, holder })))
+    }
+    const extended = Math.max(hold.expiresAt, expiresAt)
+    if (mode === "exclusive") {
+      // Re-entry of a writer.
+      const next: Hold = { ...hold, exclusive: hold.exclusive + 1, expiresAt: extended }
+      return done(dequeue(replaceHold(key, next), holder), Either.right(granted(hold.fence, next.exclusive)))
+    }
+    if (hold.shared > 0) {
+      // Re-entry of a reader: its permits stay those of its first shared grant.
+      const next: Hold = { ...hold, shared: hold.shared + 1, expiresAt: extended }
+      return done(dequeue(replaceHold(key, next), holder), Either.right(granted(hold.fence, next.shared)))
+    }
+    // A writer taking the read lock (downgrade): the queue does not apply to a current holder.
+    const check = modeCheck(key, request)
+    if (!check.allowed) {
+      return done(key, Either.right(denied(check.blocking, [], now)))
+    }
+    const next: Hold = { ...hold, shared: 1, permits: request.permits, expiresAt: extended }
+    return done(
+      { ...dequeue(replaceHold(key, next), holder), limit: request.limit },
+      Either.right(granted(hold.fence, 1))
+    )
+  }
+
+  // A new grant: the mode rules, then (if fair) the queue.
+  const check = modeCheck(key, request)
+  const waitersAhead = request.fair ? aheadOf(key, holder) : []
+  if (check.allowed && waitersAhead.length === 0) {
+    const fence = key.fence + 1
+    const next: Hold = {
+      holder,
+      exclusive: mode === "exclusive" ? 1 : 0,
+      shared: mode === "shared" ? 1 : 0,
+      permits: mode === "shared" ? request.permits : 0,
+      fence,
+      expiresAt
+    }
+    return done(
+      {
+        ...dequeue(key, holder),
+        fence,
+        limit: mode === "shared" ? request.limit : key.limit,
+        holders: [...key.holders, next]
+      },
+      Either.right(granted(fence, 1))
+    )
+  }
+  const result = denied(check.allowed ? [] : check.blocking, waitersAhead, now)
+  return done(request.fair ? enqueue(key, holder, now + request.waiterTtlMs) : key, Either.right(result))
+}
+
+/**
+ * Whether the mode rules let `request.holder` take the key in `request.mode`, ignoring its own
+ * holds, and if not, which live holds of others keep it out.
+ */
+const modeCheck = (
+  key: Key,
+  request: AcquireRequest
+): { readonly allowed: boolean; readonly blocking: ReadonlyArray<Hold> } => {
+  const others = key.holders.filter((h) => h.holder !== request.holder)
+  if (request.mode === "exclusive") {
+    // A writer needs the key to itself.
+    return { allowed: others.length === 0, blocking: others }
+  }
+  const writers = others.filter((h) => h.exclusive > 0)
+  if (writers.length > 0) {
+    return { allowed: false, blocking: writers }
+  }
+  // Readers and semaphore holders share the key up to the limit.
+  const readers = others.filter((h) => h.shared > 0)
+  const taken = readers.reduce((sum, h) => sum + h.permits, 0)
+  if (taken + request.permits <= request.limit) {
+    return { allowed: true, blocking: [] }
+  }
+  return { allowed: false, blocking: readers }
+}
+
+/** `retryAfterMs`: until the earliest blocking hold or queue entry expires, at least 1. */
+const denied = (holds: ReadonlyArray<Hold>, waiters: ReadonlyArray<Waiter>, now: number): AcquireResult => {
+  const expiries = [...holds.map((h) => h.expiresAt), ...waiters.map((w) => w.expiresAt)]
+  // Nothing blocks only for requests the API never sends (permits > limit): retry soon.
+  const earliest = expiries.length === 0 ? now + 1 : Math.min(...expiries)
+  return { _tag: "Denied", retryAfterMs: Math.max(1, earliest - now) }
+}
+
+/**
+ * Releases one hold of `holder` in `mode`: its count for that mode - 1; at 0 for both modes the
+ * holder is removed. Succeeds with the remaining count for that mode; a holder that does not hold
+ * the key in that mode gets `NotHeld` and nothing changes.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const { result } = Model.release(Model.empty, { key: "k", holder: "c:1", mode: "exclusive" }, 0)
+ * // result: Either.left(NotHeld)
+ * ```
+ *
+ * @since 0.1.0
+ * @category operations
+ */
+export const release = (
+  state: State,
+  request: ReleaseRequest,
+  now: number
+): Step<Either.Either<number, NotHeld>> => {
+  const key = liveKey(state, request.key, now)
+  const hold = findHold(key, request.holder)
+  if (hold === undefined || countOf(hold, request.mode) === 0) {
+    return {
+      state: setKey(state, request.key, key),
+      result: Either.left(new NotHeld({ key: request.key, holder: request.holder }))
+    }
+  }
+  const next: Hold = request.mode === "exclusive"
+    ? { ...hold, exclusive: hold.exclusive - 1 }
+    : { ...hold, shared: hold.shared - 1, permits: hold.shared === 1 ? 0 : hold.permits }
+  const nextKey = next.exclusive === 0 && next.shared === 0
+    ? removeHolder(key, request.holder)
+    : replaceHold(key, next)
+  return { state: setKey(state, request.key, nextKey), result: Either.right(countOf(next, request.mode)) }
+}
+
+/**
+ * Renews leases, in order: each holder that still holds its key gets its expiry extended to at
+ * least now + lease (`true`); the others get `false`.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const { result } = Model.renew(Model.empty, [{ key: "k", holder: "c:1", leaseMs: 100 }], 0)
+ * // result: [false]
+ * ```
+ *
+ * @since 0.1.0
+ * @category operations
+ */
+export const renew = (
+  state: State,
+  requests: ReadonlyArray<RenewRequest>,
+  now: number
+): Step<ReadonlyArray<boolean>> => {
+  let current = state
+  const results: Array<boolean> = []
+  for (const request of requests) {
+    const key = liveKey(current, request.key, now)
+    const hold = findHold(key, request.holder)
+    if (hold === undefined) {
+      current = setKey(current, request.key, key)
+      results.push(false)
+    } else {
+      const next = { ...hold, expiresAt: Math.max(hold.expiresAt, now + request.leaseMs) }
+      current = setKey(current, request.key, replaceHold(key, next))
+      results.push(true)
+    }
+  }
+  return { state: current, result: results }
+}
+
+/**
+ * Reports the live state of a key, in the shape of `LockBackend.inspect`.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const { result } = Model.inspect(Model.empty, "k", 0)
+ * // result: { key: "k", fence: 0, limit: undefined, holders: [], queue: [] }
+ * ```
+ *
+ * @since 0.1.0
+ * @category operations
+ */
+export const inspect = (state: State, key: string, now: number): Step<KeyState> => {
+  const live = liveKey(state, key, now)
+  return {
+    state: setKey(state, key, live),
+    result: {
+      key,
+      fence: live.fence,
+      limit: live.limit,
+      holders: live.holders.map((h) => ({
+        holder: h.holder,
+        exclusive: h.exclusive,
+        shared: h.shared,
+        permits: h.permits,
+        fence: h.fence,
+        ttlMs: h.expiresAt - now
+      })),
+      queue: live.queue.map((w) => ({ holder: w.holder, ttlMs: w.expiresAt - now }))
+    }
+  }
+}
+
+/**
+ * Drops every live holder of the key (its queue and fence stay); `true` if anything was held.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const { result } = Model.forceRelease(Model.empty, "k", 0)
+ * // result: false
+ * ```
+ *
+ * @since 0.1.0
+ * @category operations
+ */
+export const forceRelease = (state: State, key: string, now: number): Step<boolean> => {
+  const live = liveKey(state, key, now)
+  return { state: setKey(state, key, { ...live, holders: [] }), result: live.holders.length > 0 }
+}
+
+/**
+ * Removes `holder` from the key's queue (a waiter giving up). Nothing else changes.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const { state } = Model.cancel(Model.empty, "k", "c:1", 0)
+ * ```
+ *
+ * @since 0.1.0
+ * @category operations
+ */
+export const cancel = (state: State, key: string, holder: string, now: number): Step<void> => ({
+  state: setKey(state, key, dequeue(liveKey(state, key, now), holder)),
+  result: undefined
+})

@@ -1,0 +1,473 @@
+import { assert } from "@effect/vitest"
+import { Cause, Deferred, Duration, Effect, Either, Exit, Fiber, Layer, Option, Scope, TestClock } from "effect"
+import * as FairLock from "@lockstep/core/FairLock"
+import type { Lease } from "@lockstep/core/Lease"
+import * as Lock from "@lockstep/core/Lock"
+import { LockBackend } from "@lockstep/core/LockBackend"
+import type { Service } from "@lockstep/core/LockBackend"
+import type { LockError } from "@lockstep/core/LockError"
+import * as ReadWriteLock from "@lockstep/core/ReadWriteLock"
+import * as Semaphore from "@lockstep/core/Semaphore"
+import type { Harness } from "../Conformance.js"
+import * as History from "../History.js"
+import * as ModelCheck from "../ModelCheck.js"
+
+type TestFn = (name: string, self: () => Effect.Effect<void, unknown, never>, timeout?: number) => void
+
+/** Counts backend calls by operation, to prove what was (not) sent. */
+const counting = (layer: Layer.Layer<LockBackend>) => {
+  const calls = new Map<string, number>()
+  const count = (op: string) => Effect.sync(() => calls.set(op, (calls.get(op) ?? 0) + 1))
+  const wrapped = Layer.effect(
+    LockBackend,
+    Effect.map(LockBackend, (backend): Service => ({
+      ...backend,
+      acquire: (r) => Effect.zipRight(count("acquire"), backend.acquire(r)),
+      release: (r) => Effect.zipRight(count("release"), backend.release(r)),
+      renew: (r) => Effect.zipRight(count("renew"), backend.renew(r)),
+      inspect: (k) => Effect.zipRight(count("inspect"), backend.inspect(k)),
+      forceRelease: (k) => Effect.zipRight(count("forceRelease"), backend.forceRelease(k)),
+      cancel: (k, h) => Effect.zipRight(count("cancel"), backend.cancel(k, h)),
+      subscribe: (k, h) => Effect.zipRight(count("subscribe"), backend.subscribe(k, h))
+    }))
+  ).pipe(Layer.provide(layer))
+  return { layer: wrapped, calls: (op: string) => calls.get(op) ?? 0, total: () => [...calls.values()].reduce((a, b) => a + b, 0) }
+}
+
+/** Tracks who is inside a critical section and records every invariant breach. */
+const occupancy = (limit: number) => {
+  const state = { exclusive: 0, permits: 0, holders: 0, maxHolders: 0, maxPermits: 0, violations: [] as Array<string> }
+  return {
+    state,
+    enter: (lease: Lease) =>
+      Effect.sync(() => {
+        if (lease.mode === "exclusive") {
+          if (state.exclusive > 0 || state.permits > 0) state.violations.push(`exclusive grant to ${lease.holder} while occupied`)
+          state.exclusive++
+        } else {
+          if (state.exclusive > 0) state.violations.push(`shared grant to ${lease.holder} while a writer is inside`)
+          state.permits += lease.permits
+          if (state.permits > limit) state.violations.push(`${state.permits} permits taken, limit ${limit}`)
+        }
+        state.holders++
+        state.maxHolders = Math.max(state.maxHolders, state.holders)
+        state.maxPermits = Math.max(state.maxPermits, state.permits)
+      }),
+    leave: (lease: Lease) =>
+      Effect.sync(() => {
+        if (lease.mode === "exclusive") state.exclusive--
+        else state.permits -= lease.permits
+        state.holders--
+      })
+  }
+}
+
+const range = (n: number) => Array.from({ length: n }, (_, i) => i)
+
+const assertStrictlyIncreasing = (fences: ReadonlyArray<number>) => {
+  for (let i = 1; i < fences.length; i++) {
+    assert.isTrue(fences[i]! > fences[i - 1]!, `fence ${fences[i]} after ${fences[i - 1]}`)
+  }
+}
+
+const failureOf = <A, E>(exit: Exit.Exit<A, E>): Option.Option<E> =>
+  Exit.isFailure(exit) ? Cause.failureOption(exit.cause) : Option.none()
+
+export const register = (harness: Harness, test: TestFn): void => {
+  const live = harness.clock === "live"
+  /** Lets other fibers (and, live, the backend's round trips) make progress. */
+  const settle = live ? Effect.sleep("40 millis") : Effect.repeatN(Effect.yieldNow(), 40)
+  const advance = (ms: number) => (live ? Effect.sleep(ms + 30) : TestClock.adjust(ms))
+  const freshKey = (label: string) => Effect.sync(() => `lockstep-conformance-${label}-${crypto.randomUUID()}`)
+  const inspect = (key: string) => Effect.flatMap(LockBackend, (backend) => backend.inspect(key))
+  const assertFree = (key: string) =>
+    Effect.gen(function*() {
+      const state = yield* inspect(key)
+      assert.deepStrictEqual(state.holders, [], `holders left on ${key}`)
+      assert.deepStrictEqual(state.queue, [], `queue entries left on ${key}`)
+    })
+  /** Holds a lease in a fiber of its own (a different holder identity) until `release` runs. */
+  const hold = <E, R>(acquire: Effect.Effect<Lease, E, R>) =>
+    Effect.gen(function*() {
+      const granted = yield* Deferred.make<Lease>()
+      const done = yield* Deferred.make<void>()
+      const fiber = yield* Effect.fork(
+        Effect.scoped(Effect.flatMap(acquire, (lease) => Effect.zipRight(Deferred.succeed(granted, lease), Deferred.await(done))))
+      )
+      const lease = yield* Deferred.await(granted)
+      return { lease, fiber, release: Effect.zipRight(Deferred.succeed(done, undefined), Fiber.join(fiber)) }
+    })
+  const withBackend = <A, E>(self: Effect.Effect<A, E, LockBackend>) => Effect.provide(self, harness.layer)
+  /** Runs `self` on a backend whose every grant and release is recorded, then checks the history. */
+  const withHistory = <A, E>(self: Effect.Effect<A, E, LockBackend>) =>
+    Effect.gen(function*() {
+      const history = yield* History.make
+      const recorded = Layer.effect(LockBackend, Effect.map(LockBackend, (backend) => History.instrument(history, backend)))
+      const result = yield* Effect.provide(self, Layer.provide(recorded, harness.layer))
+      const events = yield* history.events
+      assert.isAbove(events.filter((e) => e._tag === "Grant").length, 0, "nothing was recorded")
+      assert.deepStrictEqual((yield* history.check).map(History.formatViolation), [])
+      return result
+    })
+
+  test("60 fibers contend for one Lock: mutual exclusion, increasing fences", () =>
+    withHistory(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("mutex"))
+      const inside = occupancy(1)
+      const fences: Array<number> = []
+      yield* Effect.forEach(range(60), () =>
+        Effect.scoped(Effect.gen(function*() {
+          const lease = yield* Lock.acquire(lock)
+          fences.push(lease.fence)
+          yield* inside.enter(lease)
+          yield* Effect.yieldNow()
+          yield* inside.leave(lease)
+        })), { concurrency: "unbounded", discard: true })
+      assert.deepStrictEqual(inside.state.violations, [])
+      assert.strictEqual(fences.length, 60)
+      assertStrictlyIncreasing(fences)
+      assert.isFalse(yield* Lock.isLocked(lock))
+    })))
+
+  test("FairLock grants in arrival order", () =>
+    withBackend(Effect.gen(function*() {
+      const key = yield* freshKey("fair")
+      const lock = yield* FairLock.make(key)
+      const first = yield* hold(Lock.acquire(lock))
+      const order: Array<number> = []
+      const waiters: Array<Fiber.RuntimeFiber<void, LockError>> = []
+      for (const i of range(8)) {
+        waiters.push(yield* Effect.fork(Effect.scoped(Effect.zipRight(Lock.acquire(lock), Effect.sync(() => void order.push(i))))))
+        // the next waiter arrives only once this one is queued
+        yield* inspect(key).pipe(Effect.zipLeft(settle), Effect.repeat({ until: (s) => s.queue.length === i + 1 }))
+      }
+      yield* first.release
+      yield* Fiber.joinAll(waiters)
+      assert.deepStrictEqual(order, range(8))
+      yield* assertFree(key)
+    })))
+
+  test("ReadWriteLock: readers share, writers exclude everyone", () =>
+    withHistory(Effect.gen(function*() {
+      const rw = yield* ReadWriteLock.make(yield* freshKey("rw"))
+      const inside = occupancy(Infinity)
+      yield* Effect.forEach(range(30), (i) =>
+        Effect.scoped(Effect.gen(function*() {
+          const lease = yield* Lock.acquire(i % 5 === 0 ? rw.write : rw.read)
+          yield* inside.enter(lease)
+          yield* settle
+          yield* inside.leave(lease)
+        })), { concurrency: "unbounded", discard: true })
+      assert.deepStrictEqual(inside.state.violations, [])
+      assert.isAbove(inside.state.maxHolders, 1, "readers never shared the lock")
+      assert.isFalse(yield* Lock.isLocked(rw.read))
+      assert.isFalse(yield* Lock.isLocked(rw.write))
+    })))
+
+  test("Semaphore: permits never above the limit", () =>
+    withHistory(Effect.gen(function*() {
+      const sem = yield* Semaphore.make(yield* freshKey("sem"), { limit: 3 })
+      const inside = occupancy(3)
+      yield* Effect.forEach(range(30), (i) =>
+        Effect.scoped(Effect.gen(function*() {
+          const lease = yield* Semaphore.acquire(sem, { permits: 1 + (i % 3) })
+          yield* inside.enter(lease)
+          yield* settle
+          yield* inside.leave(lease)
+        })), { concurrency: "unbounded", discard: true })
+      assert.deepStrictEqual(inside.state.violations, [])
+      assert.isAbove(inside.state.maxHolders, 1, "permits were never shared")
+      assert.strictEqual(yield* Semaphore.available(sem), 3)
+    })))
+
+  test("a release wakes a waiter at once (no polling)", () =>
+    withBackend(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("wake"))
+      const first = yield* hold(Lock.acquire(lock))
+      const waiter = yield* Effect.fork(Effect.scoped(Lock.acquire(lock)))
+      yield* settle
+      assert.isTrue(Option.isNone(yield* Fiber.poll(waiter)))
+      yield* first.release
+      // the holder's lease is 30 s: only a wake-up can end this wait in time
+      const lease = yield* Fiber.join(waiter).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      assert.isAbove(lease.fence, first.lease.fence)
+    })))
+
+  test("a fixed lease expires; lost fails with LockLost(DeadlinePassed)", () =>
+    withBackend(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("lease"), { lease: "300 millis" })
+      const first = yield* hold(Lock.acquire(lock))
+      const lost = yield* Effect.fork(Effect.flip(first.lease.lost))
+      assert.isTrue(Option.isNone(yield* Effect.scoped(Lock.tryAcquire(lock))))
+      yield* advance(300)
+      const error = yield* Fiber.join(lost)
+      assert.strictEqual(error._tag, "LockLost")
+      assert.strictEqual(error.reason, "DeadlinePassed")
+      const next = yield* Effect.scoped(Lock.tryAcquire(lock))
+      assert.isTrue(Option.isSome(next))
+      yield* first.release
+    })))
+
+  test("the watchdog keeps a lock alive across many lease periods", () =>
+    withBackend(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("watchdog"), { watchdog: "300 millis" })
+      const first = yield* hold(Lock.acquire(lock))
+      const lost = yield* Effect.fork(Effect.flip(first.lease.lost))
+      for (const _ of range(30)) {
+        yield* advance(100)
+        assert.isTrue(Option.isNone(yield* Effect.scoped(Lock.tryAcquire(lock))), "lock taken while its watchdog runs")
+      }
+      assert.isTrue(Option.isNone(yield* Fiber.poll(lost)), "lease reported lost while renewed")
+      yield* first.release
+      assert.isFalse(yield* Lock.isLocked(lock))
+    })))
+
+  test("losing the lease interrupts the body with LockLost(NotHeld)", () =>
+    withBackend(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("lost"), { watchdog: "300 millis" })
+      const interrupted = yield* Deferred.make<void>()
+      const body = Effect.never.pipe(Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined)))
+      const fiber = yield* Effect.fork(Lock.withLock(body, lock))
+      yield* Lock.isLocked(lock).pipe(Effect.zipLeft(settle), Effect.repeat({ until: (locked) => locked }))
+      assert.isTrue(yield* Lock.forceUnlock(lock))
+      yield* advance(300)
+      const exit = yield* Fiber.await(fiber)
+      const error = failureOf(exit)
+      assert.isTrue(Option.isSome(error) && error.value._tag === "LockLost" && error.value.reason === "NotHeld", String(exit))
+      assert.isTrue(yield* Deferred.isDone(interrupted), "body was not interrupted")
+    })))
+
+  test("a fixed lease running out interrupts the body with LockLost(DeadlinePassed)", () =>
+    withBackend(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("deadline"), { lease: "300 millis" })
+      const fiber = yield* Effect.fork(Lock.withLock(Effect.never, lock))
+      yield* Lock.isLocked(lock).pipe(Effect.zipLeft(settle), Effect.repeat({ until: (locked) => locked }))
+      yield* advance(300)
+      const error = failureOf(yield* Fiber.await(fiber))
+      assert.isTrue(Option.isSome(error) && error.value._tag === "LockLost" && error.value.reason === "DeadlinePassed")
+    })))
+
+  test("interruption at every step of acquire leaves nothing held or queued", () =>
+    withBackend(Effect.gen(function*() {
+      for (const steps of range(24)) {
+        for (const kind of ["Lock", "FairLock", "Semaphore"] as const) {
+          const key = yield* freshKey(`interrupt-${kind}-${steps}`)
+          const acquire = kind === "Lock"
+            ? Effect.flatMap(Lock.make(key), (l) => Lock.acquire(l))
+            : kind === "FairLock"
+            ? Effect.flatMap(FairLock.make(key), (l) => Lock.acquire(l))
+            : Effect.flatMap(Semaphore.make(key, { limit: 1 }), (s) => Semaphore.acquire(s))
+          const stepOnce = live ? Effect.sleep(steps % 6) : Effect.yieldNow()
+          // uncontended: the grant is either released on interruption or never made
+          const alone = yield* Effect.fork(Effect.scoped(Effect.zipRight(acquire, Effect.never)))
+          yield* Effect.repeatN(stepOnce, steps)
+          yield* Fiber.interrupt(alone)
+          yield* assertFree(key)
+          // contended: the interrupted waiter leaves no queue entry and swallows no wake-up
+          const first = yield* hold(acquire)
+          const interrupted = yield* Effect.fork(Effect.scoped(acquire))
+          const next = yield* Effect.fork(Effect.scoped(Effect.asVoid(acquire)))
+          yield* Effect.repeatN(stepOnce, steps)
+          yield* Fiber.interrupt(interrupted)
+          yield* first.release
+          yield* Fiber.join(next).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+          yield* assertFree(key)
+        }
+      }
+    })), 120_000)
+
+  test("a waiter times out with LockTimeout and leaves no queue entry", () =>
+    withBackend(Effect.gen(function*() {
+      for (const fair of [false, true]) {
+        const key = yield* freshKey(`timeout-${fair}`)
+        const lock = yield* (fair ? FairLock.make(key) : Lock.make(key))
+        const first = yield* hold(Lock.acquire(lock))
+        const waiter = yield* Effect.fork(Effect.scoped(Lock.acquire(lock, { timeout: "500 millis" })))
+        yield* settle
+        yield* advance(500)
+        const error = failureOf(yield* Fiber.await(waiter))
+        assert.isTrue(Option.isSome(error) && error.value._tag === "LockTimeout")
+        assert.deepStrictEqual((yield* inspect(key)).queue, [])
+        yield* first.release
+        yield* assertFree(key)
+      }
+    })))
+
+  test("re-entrancy: the holder's fiber and its children re-enter, other fibers are excluded", () =>
+    withBackend(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("reentrant"))
+      const go = yield* Deferred.make<void>()
+      // forked before the lock is taken: a different holder
+      const other = yield* Effect.fork(
+        Effect.zipRight(Deferred.await(go), Effect.scoped(Effect.map(Lock.tryAcquire(lock), Option.isSome)))
+      )
+      yield* Effect.scoped(Effect.gen(function*() {
+        const outer = yield* Lock.acquire(lock)
+        const inner = yield* Lock.acquire(lock)
+        assert.strictEqual(inner.fence, outer.fence)
+        assert.strictEqual(inner.holder, outer.holder)
+        assert.strictEqual(yield* Lock.holdCount(lock), 2)
+        const child = yield* Effect.fork(Effect.scoped(Effect.flatMap(Lock.tryAcquire(lock), (lease) =>
+          Effect.map(Lock.holdCount(lock), (count) => [Option.isSome(lease), count] as const))))
+        assert.deepStrictEqual(yield* Fiber.join(child), [true, 3])
+        yield* Deferred.succeed(go, undefined)
+        assert.isFalse(yield* Fiber.join(other), "another fiber entered a held lock")
+        // nested withLock re-enters instead of deadlocking
+        assert.strictEqual(yield* Lock.holdCount(lock).pipe(Lock.withLock(lock), Lock.withLock(lock)), 4)
+      }))
+      assert.strictEqual(yield* Lock.holdCount(lock), 0)
+      assert.isFalse(yield* Lock.isLocked(lock))
+    })))
+
+  test("ReadWriteLock: a writer may downgrade, a reader may not upgrade", () =>
+    withBackend(Effect.gen(function*() {
+      const rw = yield* ReadWriteLock.make(yield* freshKey("downgrade"))
+      /** What a fiber with no holds of its own gets: [read granted, write granted]. */
+      const outsider = Effect.gen(function*() {
+        const go = yield* Deferred.make<void>()
+        const fiber = yield* Effect.forkDaemon(Effect.zipRight(
+          Deferred.await(go),
+          Effect.all([
+            Effect.scoped(Effect.map(Lock.tryAcquire(rw.read), Option.isSome)),
+            Effect.scoped(Effect.map(Lock.tryAcquire(rw.write), Option.isSome))
+          ])
+        ))
+        return Effect.zipRight(Deferred.succeed(go, undefined), Fiber.join(fiber))
+      })
+      const whileWriting = yield* outsider
+      const afterDowngrade = yield* outsider
+      yield* Effect.scoped(Effect.gen(function*() {
+        const writeScope = yield* Scope.make()
+        const write = yield* Scope.extend(Lock.acquire(rw.write), writeScope)
+        const read = yield* Lock.acquire(rw.read)
+        assert.strictEqual(read.fence, write.fence)
+        assert.deepStrictEqual(yield* whileWriting, [false, false])
+        yield* Scope.close(writeScope, Exit.void)
+        // downgraded: still a reader, so other readers may enter and writers may not
+        assert.strictEqual(yield* Lock.holdCount(rw.read), 1)
+        assert.strictEqual(yield* Lock.holdCount(rw.write), 0)
+        assert.deepStrictEqual(yield* afterDowngrade, [true, false])
+      }))
+      // upgrade fails fast instead of waiting for itself
+      const upgrade = yield* Effect.scoped(Effect.gen(function*() {
+        yield* Lock.acquire(rw.read)
+        return yield* Effect.either(Lock.acquire(rw.write))
+      }))
+      assert.isTrue(Either.isLeft(upgrade) && upgrade.left._tag === "LockUpgradeNotSupported")
+      assert.isFalse(yield* Lock.isLocked(rw.read))
+      assert.isFalse(yield* Lock.isLocked(rw.write))
+    })))
+
+  test("bad input fails with InvalidLockOptions naming the field, before any backend call", () =>
+    Effect.gen(function*() {
+      const backend = counting(harness.layer)
+      const key = yield* freshKey("invalid")
+      const field = <A, E extends { readonly _tag: string }, R>(self: Effect.Effect<A, E, R>) =>
+        Effect.map(Effect.flip(self), (e) => (e._tag === "InvalidLockOptions" ? (e as unknown as { field: string }).field : e._tag))
+      const bad = (input: unknown) => input as number
+      const cases: Array<readonly [Effect.Effect<unknown, { readonly _tag: string }, LockBackend | Scope.Scope>, string]> = [
+        [Lock.make(""), "key"],
+        [Lock.make("a{b}"), "key"],
+        [Lock.make(42 as unknown as string), "key"],
+        [Lock.make(key, { lease: 0 }), "lease"],
+        [Lock.make(key, { lease: -5 }), "lease"],
+        [Lock.make(key, { lease: NaN }), "lease"],
+        [Lock.make(key, { lease: Infinity }), "lease"],
+        [Lock.make(key, { lease: "0 millis" }), "lease"],
+        [Lock.make(key, { lease: bad("soon") }), "lease"],
+        [Lock.make(key, { watchdog: 0 }), "watchdog"],
+        [Lock.make(key, { watchdog: NaN }), "watchdog"],
+        [Lock.make(key, { watchdog: Infinity }), "watchdog"],
+        [FairLock.make(key, { waiterTimeout: -1 }), "waiterTimeout"],
+        [ReadWriteLock.make("", {}), "key"],
+        [Effect.flatMap(Lock.make(key), (l) => Lock.acquire(l, { timeout: 0 })), "timeout"],
+        [Effect.flatMap(Lock.make(key), (l) => Lock.acquire(l, { timeout: -1 })), "timeout"],
+        [Effect.flatMap(Lock.make(key), (l) => Lock.acquire(l, { timeout: NaN })), "timeout"],
+        [Effect.flatMap(Lock.make(key), (l) => Lock.withLock(Effect.void, l, { timeout: 0 })), "timeout"],
+        [Semaphore.make(key, { limit: 0 }), "limit"],
+        [Semaphore.make(key, { limit: 1.5 }), "limit"],
+        [Semaphore.make(key, { limit: NaN }), "limit"],
+        [Semaphore.make(key, { limit: Infinity }), "limit"],
+        [Effect.flatMap(Semaphore.make(key, { limit: 3 }), (s) => Semaphore.acquire(s, { permits: 0 })), "permits"],
+        [Effect.flatMap(Semaphore.make(key, { limit: 3 }), (s) => Semaphore.acquire(s, { permits: 4 })), "permits"],
+        [Effect.flatMap(Semaphore.make(key, { limit: 3 }), (s) => Semaphore.acquire(s, { permits: 1.5 })), "permits"],
+        [Effect.flatMap(Semaphore.make(key, { limit: 3 }), (s) => Semaphore.tryAcquire(s, { permits: -1 })), "permits"],
+        [Effect.flatMap(Semaphore.make(key, { limit: 3 }), (s) => Semaphore.withPermits(Effect.void, s, { permits: 9 })), "permits"]
+      ]
+      for (const [program, expected] of cases) {
+        assert.strictEqual(yield* field(Effect.scoped(program)).pipe(Effect.provide(backend.layer)), expected)
+      }
+      assert.strictEqual(backend.total(), 0, "bad input reached the backend")
+    }))
+
+  test("a semaphore with another limit on a held key fails with InvalidLockOptions(limit)", () =>
+    withBackend(Effect.gen(function*() {
+      const key = yield* freshKey("limit")
+      const three = yield* Semaphore.make(key, { limit: 3 })
+      const five = yield* Semaphore.make(key, { limit: 5 })
+      const error = yield* Effect.scoped(Effect.gen(function*() {
+        yield* Semaphore.acquire(three)
+        return yield* Effect.flip(Semaphore.acquire(five))
+      }))
+      assert.isTrue(error._tag === "InvalidLockOptions" && error.field === "limit", error.message)
+      yield* assertFree(key)
+    })))
+
+  test("scope close releases exactly once: success, failure, interruption, re-entry", () =>
+    Effect.gen(function*() {
+      const backend = counting(harness.layer)
+      yield* Effect.gen(function*() {
+        const key = yield* freshKey("once")
+        const lock = yield* Lock.make(key)
+        yield* Lock.withLock(Effect.void, lock)
+        assert.strictEqual(backend.calls("release"), 1)
+        yield* Effect.either(Lock.withLock(Effect.fail("boom"), lock))
+        assert.strictEqual(backend.calls("release"), 2)
+        const fiber = yield* Effect.fork(Lock.withLock(Effect.never, lock))
+        yield* Lock.isLocked(lock).pipe(Effect.zipLeft(settle), Effect.repeat({ until: (locked) => locked }))
+        yield* Fiber.interrupt(fiber)
+        assert.strictEqual(backend.calls("release"), 3)
+        yield* Effect.scoped(Effect.zipRight(Lock.acquire(lock), Lock.acquire(lock)))
+        assert.strictEqual(backend.calls("release"), 5)
+        yield* assertFree(key)
+      }).pipe(Effect.provide(backend.layer))
+    }))
+
+  test("withLock closes the body's scoped resources before the release, also inside Effect.scoped", () =>
+    withBackend(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("scoped"))
+      const log: Array<string> = []
+      const body = Effect.gen(function*() {
+        yield* Effect.addFinalizer(() =>
+          Effect.flatMap(Lock.isLocked(lock), (locked) => Effect.sync(() => log.push(`resource closed, locked: ${locked}`))).pipe(Effect.orDie)
+        )
+        log.push("body")
+      })
+      yield* Effect.scoped(Lock.withLock(body, lock))
+      yield* body.pipe(Lock.withLock(lock))
+      assert.deepStrictEqual(log, ["body", "resource closed, locked: true", "body", "resource closed, locked: true"])
+      assert.isFalse(yield* Lock.isLocked(lock))
+    })))
+
+  test("a lease reports the time left and renewals extend it", () =>
+    withBackend(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("expires"), { watchdog: "3 seconds" })
+      yield* Effect.scoped(Effect.gen(function*() {
+        const lease = yield* Lock.acquire(lock)
+        const initial = Duration.toMillis(yield* lease.expiresIn)
+        assert.isTrue(initial > 2_500 && initial <= 3_000, `expiresIn ${initial}`)
+        const ttl = yield* Lock.remainingTtl(lock)
+        assert.isTrue(Option.isSome(ttl) && Duration.toMillis(ttl.value) <= 3_000 && Duration.toMillis(ttl.value) > 2_500)
+        yield* advance(2_500)
+        // renewed at least once in between: the deadline moved on
+        const later = Duration.toMillis(yield* lease.expiresIn)
+        assert.isTrue(later > 1_000, `expiresIn after renewals ${later}`)
+      }))
+      assert.isTrue(Option.isNone(yield* Lock.remainingTtl(lock)))
+    })))
+
+  if (!live) {
+    test(`the backend follows the reference model (${harness.modelRuns ?? 200} model-based runs)`, () =>
+      withBackend(ModelCheck.run({ advance: (ms) => TestClock.adjust(ms), numRuns: harness.modelRuns ?? 200 })), 120_000)
+  }
+}

@@ -1,0 +1,330 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Either } from "effect"
+import type { AcquireRequest, AcquireResult, KeyState } from "@lockstep/core/LockBackend"
+import * as Model from "@lockstep/testkit/Model"
+
+const K = "k"
+
+const request = (holder: string, overrides: Partial<AcquireRequest> = {}): AcquireRequest => ({
+  key: K,
+  holder,
+  mode: "exclusive",
+  permits: 1,
+  limit: 1,
+  leaseMs: 100,
+  fair: false,
+  waiterTtlMs: 50,
+  ...overrides
+})
+const shared = (holder: string, permits: number, limit: number, overrides: Partial<AcquireRequest> = {}) =>
+  request(holder, { mode: "shared", permits, limit, ...overrides })
+const fair = (holder: string, overrides: Partial<AcquireRequest> = {}) => request(holder, { fair: true, ...overrides })
+
+/** Runs acquisitions in order at the given times, returning the final state and every result. */
+const acquireAll = (
+  steps: ReadonlyArray<readonly [AcquireRequest, number]>,
+  state: Model.State = Model.empty
+) => {
+  const results: Array<Either.Either<AcquireResult, Model.AcquireError>> = []
+  for (const [req, now] of steps) {
+    const step = Model.acquire(state, req, now)
+    state = step.state
+    results.push(step.result)
+  }
+  return { state, results }
+}
+
+const granted = (fence: number, count: number) => Either.right<AcquireResult>({ _tag: "Granted", fence, count })
+const denied = (retryAfterMs: number) => Either.right<AcquireResult>({ _tag: "Denied", retryAfterMs })
+const tagOf = (result: Either.Either<unknown, { readonly _tag: string }>) =>
+  Either.match(result, { onLeft: (e) => e._tag, onRight: () => "Right" })
+const view = (state: Model.State, now: number, key = K): KeyState => Model.inspect(state, key, now).result
+const holderNames = (state: Model.State, now: number) => view(state, now).holders.map((h) => h.holder)
+const queueNames = (state: Model.State, now: number) => view(state, now).queue.map((w) => w.holder)
+
+describe("Model", () => {
+  describe("exclusive", () => {
+    it("grants an empty key with the first fence", () => {
+      const { results, state } = acquireAll([[request("a"), 0]])
+      assert.deepStrictEqual(results, [granted(1, 1)])
+      assert.deepStrictEqual(view(state, 30), {
+        key: K,
+        fence: 1,
+        limit: undefined,
+        holders: [{ holder: "a", exclusive: 1, shared: 0, permits: 0, fence: 1, ttlMs: 70 }],
+        queue: []
+      })
+    })
+
+    it("denies while another holder is live, retrying when its hold expires", () => {
+      const { results } = acquireAll([[request("a"), 0], [request("b"), 30]])
+      assert.deepStrictEqual(results[1], denied(70))
+    })
+
+    it("drops expired holders first: a hold ends exactly at its expiry", () => {
+      const { results, state } = acquireAll([[request("a"), 0], [request("b"), 99], [request("b"), 100]])
+      assert.deepStrictEqual(results, [granted(1, 1), denied(1), granted(2, 1)])
+      assert.deepStrictEqual(holderNames(state, 100), ["b"])
+    })
+
+    it("re-enters: count + 1, same fence, expiry extended to at least now + lease", () => {
+      const { results, state } = acquireAll([
+        [request("a", { leaseMs: 100 }), 0],
+        [request("a", { leaseMs: 10 }), 50], // would shorten: keeps 100
+        [request("a", { leaseMs: 200 }), 60] // extends to 260
+      ])
+      assert.deepStrictEqual(results, [granted(1, 1), granted(1, 2), granted(1, 3)])
+      assert.deepStrictEqual(view(state, 60).holders[0], {
+        holder: "a",
+        exclusive: 3,
+        shared: 0,
+        permits: 0,
+        fence: 1,
+        ttlMs: 200
+      })
+    })
+
+    it("fails an upgrade (reader asking for the write lock) without changing anything", () => {
+      const first = acquireAll([[shared("a", 1, Infinity), 0]])
+      const step = Model.acquire(first.state, request("a"), 10)
+      assert.strictEqual(tagOf(step.result), "LockUpgradeNotSupported")
+      assert.deepStrictEqual(view(step.state, 10), view(first.state, 10))
+    })
+
+    it("ignores the limit of exclusive requests", () => {
+      const { results, state } = acquireAll([[request("a", { limit: 7 }), 0], [shared("a", 1, 3), 1]])
+      assert.deepStrictEqual(results, [granted(1, 1), granted(1, 1)])
+      assert.strictEqual(view(state, 1).limit, 3)
+    })
+  })
+
+  describe("shared", () => {
+    it("lets readers in together (limit Infinity), each with its own fence", () => {
+      const { results, state } = acquireAll([
+        [shared("a", 1, Infinity), 0],
+        [shared("b", 1, Infinity), 1],
+        [shared("c", 1, Infinity), 2]
+      ])
+      assert.deepStrictEqual(results, [granted(1, 1), granted(2, 1), granted(3, 1)])
+      assert.deepStrictEqual(holderNames(state, 2), ["a", "b", "c"])
+      assert.strictEqual(view(state, 2).limit, Infinity)
+    })
+
+    it("counts permits against the limit; retry when the earliest shared hold expires", () => {
+      const { results } = acquireAll([
+        [shared("a", 1, 3, { leaseMs: 50 }), 0],
+        [shared("b", 2, 3, { leaseMs: 20 }), 0],
+        [shared("c", 1, 3), 5], // 3 + 1 > 3
+        [shared("c", 1, 3), 20] // b expired: 1 + 1 <= 3
+      ])
+      assert.deepStrictEqual(results, [granted(1, 1), granted(2, 1), denied(15), granted(3, 1)])
+    })
+
+    it("excludes readers while a writer holds, and a writer while readers hold", () => {
+      const w = acquireAll([[request("w", { leaseMs: 40 }), 0], [shared("r", 1, Infinity), 10]])
+      assert.deepStrictEqual(w.results[1], denied(30))
+      const r = acquireAll([[shared("r", 1, Infinity, { leaseMs: 40 }), 0], [request("w"), 10]])
+      assert.deepStrictEqual(r.results[1], denied(30))
+    })
+
+    it("re-enters a shared hold keeping its permits and fence", () => {
+      const { results, state } = acquireAll([[shared("a", 2, 3), 0], [shared("a", 1, 3), 1]])
+      assert.deepStrictEqual(results, [granted(1, 1), granted(1, 2)])
+      const hold = view(state, 1).holders[0]
+      assert.strictEqual(hold?.shared, 2)
+      assert.strictEqual(hold?.permits, 2)
+    })
+
+    it("lets a writer take the read lock (downgrade) with the same fence, still excluding others", () => {
+      const { results, state } = acquireAll([
+        [request("w"), 0],
+        [shared("w", 1, Infinity), 1],
+        [shared("r", 1, Infinity), 2]
+      ])
+      assert.deepStrictEqual(results, [granted(1, 1), granted(1, 1), denied(99)])
+      assert.deepStrictEqual(view(state, 2).holders, [
+        { holder: "w", exclusive: 1, shared: 1, permits: 1, fence: 1, ttlMs: 99 }
+      ])
+    })
+
+    it("stores the limit with the shared holds: another limit fails, until no shared holder is left", () => {
+      const first = acquireAll([[shared("a", 1, 2), 0]])
+      const mismatch = Model.acquire(first.state, shared("b", 1, 5), 1)
+      assert.strictEqual(tagOf(mismatch.result), "InvalidLockOptions")
+      assert.strictEqual(
+        Either.match(mismatch.result, { onLeft: (e) => (e._tag === "InvalidLockOptions" ? e.field : ""), onRight: () => "" }),
+        "limit"
+      )
+      // the holder itself cannot change the limit either
+      assert.strictEqual(tagOf(Model.acquire(first.state, shared("a", 1, 5), 1).result), "InvalidLockOptions")
+      const released = Model.release(first.state, { key: K, holder: "a", mode: "shared" }, 2)
+      assert.strictEqual(view(released.state, 2).limit, undefined)
+      assert.deepStrictEqual(Model.acquire(released.state, shared("b", 1, 5), 3).result, granted(2, 1))
+    })
+  })
+
+  describe("fences", () => {
+    it("never go back, even after the key was empty or force-released", () => {
+      let state = acquireAll([[request("a"), 0]]).state
+      state = Model.release(state, { key: K, holder: "a", mode: "exclusive" }, 1).state
+      assert.strictEqual(view(state, 1).fence, 1)
+      state = acquireAll([[request("b"), 2]], state).state
+      state = Model.forceRelease(state, K, 3).state
+      const { results } = acquireAll([[request("c"), 4]], state)
+      assert.deepStrictEqual(results, [granted(3, 1)])
+    })
+
+    it("are per key", () => {
+      const { results } = acquireAll([[request("a"), 0], [request("a", { key: "other" }), 0]])
+      assert.deepStrictEqual(results, [granted(1, 1), granted(1, 1)])
+    })
+  })
+
+  describe("release", () => {
+    it("decrements the count and removes the holder at 0", () => {
+      let { state } = acquireAll([[request("a"), 0], [request("a"), 1]])
+      const first = Model.release(state, { key: K, holder: "a", mode: "exclusive" }, 2)
+      assert.deepStrictEqual(first.result, Either.right(1))
+      state = first.state
+      const second = Model.release(state, { key: K, holder: "a", mode: "exclusive" }, 3)
+      assert.deepStrictEqual(second.result, Either.right(0))
+      assert.deepStrictEqual(holderNames(second.state, 3), [])
+    })
+
+    it("releases one mode of a downgraded writer, keeping the other", () => {
+      const { state } = acquireAll([[request("w"), 0], [shared("w", 2, 3), 1]])
+      const step = Model.release(state, { key: K, holder: "w", mode: "exclusive" }, 2)
+      assert.deepStrictEqual(step.result, Either.right(0))
+      assert.deepStrictEqual(view(step.state, 2).holders, [
+        { holder: "w", exclusive: 0, shared: 1, permits: 2, fence: 1, ttlMs: 99 }
+      ])
+      // now another reader fits (2 + 1 <= 3)
+      assert.deepStrictEqual(Model.acquire(step.state, shared("r", 1, 3), 3).result, granted(2, 1))
+    })
+
+    it("reports NotHeld for a non-holder, the wrong mode and an expired hold, changing nothing", () => {
+      const { state } = acquireAll([[request("a", { leaseMs: 10 }), 0]])
+      const cases = [
+        { key: K, holder: "b", mode: "exclusive" as const, now: 1 },
+        { key: K, holder: "a", mode: "shared" as const, now: 1 },
+        { key: K, holder: "a", mode: "exclusive" as const, now: 10 }
+      ]
+      for (const { now, ...req } of cases) {
+        const step = Model.release(state, req, now)
+        assert.strictEqual(tagOf(step.result), "NotHeld")
+        assert.deepStrictEqual(view(step.state, now), view(state, now))
+      }
+    })
+  })
+
+  describe("renew", () => {
+    it("extends to at least now + lease iff still held, one boolean per request", () => {
+      const { state } = acquireAll([[request("a", { leaseMs: 100 }), 0], [request("b", { key: "x", leaseMs: 10 }), 0]])
+      const step = Model.renew(state, [
+        { key: K, holder: "a", leaseMs: 200 }, // extends to 250
+        { key: K, holder: "a", leaseMs: 10 }, // never shortens
+        { key: "x", holder: "b", leaseMs: 100 }, // expired at 10
+        { key: K, holder: "c", leaseMs: 100 } // never held
+      ], 50)
+      assert.deepStrictEqual(step.result, [true, true, false, false])
+      assert.strictEqual(view(step.state, 50).holders[0]?.ttlMs, 200)
+    })
+  })
+
+  describe("fair", () => {
+    it("queues a denied fair request; a refresh keeps its place and sets a new expiry", () => {
+      const { results, state } = acquireAll([
+        [request("a"), 0],
+        [fair("b", { waiterTtlMs: 50 }), 0],
+        [fair("c", { waiterTtlMs: 50 }), 10],
+        [fair("b", { waiterTtlMs: 20 }), 20] // refresh: expiry 40, still first
+      ])
+      assert.deepStrictEqual(results, [granted(1, 1), denied(100), denied(40), denied(80)])
+      assert.deepStrictEqual(view(state, 20).queue, [{ holder: "b", ttlMs: 20 }, { holder: "c", ttlMs: 40 }])
+    })
+
+    it("grants the head when the key is free, denies those behind it", () => {
+      let { state } = acquireAll([[request("a"), 0], [fair("b"), 0], [fair("c"), 0]])
+      state = Model.release(state, { key: K, holder: "a", mode: "exclusive" }, 5).state
+      const behind = Model.acquire(state, fair("c"), 6)
+      assert.deepStrictEqual(behind.result, denied(44)) // until b's entry expires (0 + 50)
+      const head = Model.acquire(behind.state, fair("b"), 7)
+      assert.deepStrictEqual(head.result, granted(2, 1))
+      assert.deepStrictEqual(queueNames(head.state, 7), ["c"]) // the grant removed b
+    })
+
+    it("drops expired queue entries, so the next waiter becomes the head", () => {
+      const { results, state } = acquireAll([
+        [request("a", { leaseMs: 10 }), 0],
+        [fair("b", { waiterTtlMs: 30 }), 0],
+        [fair("c", { waiterTtlMs: 50 }), 0],
+        [fair("c"), 30]
+      ])
+      assert.deepStrictEqual(results[3], granted(2, 1))
+      assert.deepStrictEqual(queueNames(state, 30), [])
+    })
+
+    it("does not hold back non-fair requests, re-entry or a downgrade", () => {
+      const { results } = acquireAll([
+        [request("a", { leaseMs: 10 }), 0],
+        [fair("b"), 0],
+        [fair("a", { leaseMs: 10 }), 1], // re-entry
+        [shared("a", 1, Infinity, { fair: true, leaseMs: 10 }), 2], // downgrade
+        [request("c"), 20] // barges past b
+      ])
+      assert.deepStrictEqual(results.slice(2), [granted(1, 2), granted(1, 1), granted(2, 1)])
+    })
+
+    it("applies to shared requests too", () => {
+      const { results, state } = acquireAll([
+        [request("w", { leaseMs: 10 }), 0],
+        [fair("x", { waiterTtlMs: 40 }), 0],
+        [shared("r", 1, Infinity, { fair: true }), 20] // w gone, but x is ahead
+      ])
+      assert.deepStrictEqual(results[2], denied(20))
+      assert.deepStrictEqual(queueNames(state, 20), ["x", "r"])
+    })
+
+    it("cancel removes a waiter and leaves the others in order", () => {
+      const { state } = acquireAll([[request("a"), 0], [fair("b"), 0], [fair("c"), 0], [fair("d"), 0]])
+      const step = Model.cancel(state, K, "c", 1)
+      assert.deepStrictEqual(queueNames(step.state, 1), ["b", "d"])
+      assert.deepStrictEqual(Model.cancel(step.state, K, "zz", 1).state.keys.get(K)?.queue, step.state.keys.get(K)?.queue)
+    })
+  })
+
+  describe("forceRelease", () => {
+    it("drops every live holder, keeps the queue, reports whether anything was held", () => {
+      const { state } = acquireAll([[shared("a", 1, 3), 0], [shared("b", 1, 3), 0], [request("c", { fair: true }), 0]])
+      const step = Model.forceRelease(state, K, 1)
+      assert.strictEqual(step.result, true)
+      assert.deepStrictEqual(holderNames(step.state, 1), [])
+      assert.deepStrictEqual(queueNames(step.state, 1), ["c"])
+      assert.strictEqual(view(step.state, 1).limit, undefined)
+      assert.strictEqual(Model.forceRelease(step.state, K, 2).result, false)
+      // expired holders do not count
+      assert.strictEqual(Model.forceRelease(state, K, 100).result, false)
+    })
+  })
+
+  it("inspect of an untouched key is empty", () => {
+    assert.deepStrictEqual(view(Model.empty, 0, "nothing"), {
+      key: "nothing",
+      fence: 0,
+      limit: undefined,
+      holders: [],
+      queue: []
+    })
+  })
+
+  it("never mutates its input state", () => {
+    const { state } = acquireAll([[request("a"), 0]])
+    const before = JSON.stringify([...state.keys])
+    Model.acquire(state, request("a"), 1)
+    Model.release(state, { key: K, holder: "a", mode: "exclusive" }, 1)
+    Model.renew(state, [{ key: K, holder: "a", leaseMs: 500 }], 1)
+    Model.forceRelease(state, K, 1)
+    Model.acquire(state, fair("b"), 1)
+    assert.strictEqual(JSON.stringify([...state.keys]), before)
+  })
+})
