@@ -42,7 +42,8 @@ export interface Lease {
   readonly expiresIn: Effect.Effect<Duration.Duration>
   /**
    * Fails with `LockLost` once the lease is gone (renewal reported it no longer held, or the local
-   * deadline passed without a confirmed renewal); never completes while the lease is valid.
+   * deadline passed without a confirmed renewal); never completes while the lease is valid, nor
+   * after it was released normally. Re-entrant leases share the `lost` of their holder's hold.
    */
   readonly lost: Effect.Effect<never, LockLost>
 }

@@ -8,8 +8,10 @@
  *   lease is lost.
  * - Without a fixed `lease`, a watchdog renews the lease every `watchdog / 3` (default watchdog:
  *   30 seconds) for as long as the scope is open.
- * - Re-entrant: the fiber that acquired, and fibers it forks inside the scope, re-enter (hold
- *   count + 1, same fence); every other fiber is excluded.
+ * - Re-entrant: the fiber that acquired, the fibers it forks while holding, and the fiber that
+ *   joins the one that acquired (as `Effect.timeout` or `Effect.all` do) re-enter: hold count + 1,
+ *   same fence. Every other fiber is excluded. A lock acquired while building a `Layer` is held on
+ *   behalf of the program the layer is provided to, so that program's fibers re-enter it.
  *
  * @since 0.1.0
  */
@@ -96,7 +98,7 @@ export interface Options {
  * @category models
  */
 export interface AcquireOptions {
-  /** How long to wait for the lock before failing with `LockTimeout`. Default: wait forever. */
+  /** How long to wait for the lock before failing with `LockTimeout` (positive). Default: wait forever. */
   readonly timeout?: Duration.DurationInput | undefined
 }
 
@@ -162,8 +164,8 @@ export const make = (key: string, options?: Options): Effect.Effect<Lock, Invali
 
 /**
  * Waits for the lock and yields its `Lease`; the lease is released when the scope closes.
- * With `timeout`, fails with `LockTimeout` if the lock is not granted in time. An interruption
- * while waiting leaves nothing behind.
+ * With `timeout` (positive; use `tryAcquire` for no wait), fails with `LockTimeout` if the lock is
+ * not granted in time. An interruption while waiting leaves nothing behind.
  *
  * @example
  * ```ts
@@ -258,7 +260,8 @@ export const isLocked = (lock: Lock): Effect.Effect<boolean, BackendError> =>
   Effect.map(handle.holders(specOf(lock)), (holders) => holders.length > 0)
 
 /**
- * How many times the current fiber holds the lock (0 if it does not).
+ * How many times the current fiber's holder identity (see re-entrancy above) holds the lock, 0 if
+ * it does not.
  *
  * @example
  * ```ts

@@ -218,8 +218,10 @@ export interface KeyState {
  * A waiter's subscription to a key's wake-up signal. Subscribe *before* retrying so that a release
  * between the retry and the wait is never missed.
  *
- * Backends wake O(1) waiters per release. A waiter that leaves without a grant (its subscription's
- * scope closes with a failure or an interruption) hands the wake-up on to the next waiter.
+ * A release wakes one waiter (for a fair key: the head of the queue). When that waiter asks for a
+ * shared hold, every shared waiter is woken, since freed capacity may fit several of them and a
+ * denied one does not pass the wake-up on. A waiter that leaves without a grant (its
+ * subscription's scope closes with a failure or an interruption) hands the wake-up on.
  *
  * @example
  * ```ts
@@ -229,7 +231,7 @@ export interface KeyState {
  * const waitOnce = (key: string, holder: string) =>
  *   Effect.gen(function* () {
  *     const backend = yield* LockBackend.LockBackend
- *     const subscription = yield* backend.subscribe(key, holder)
+ *     const subscription = yield* backend.subscribe(key, holder, "exclusive")
  *     yield* subscription.await
  *   }).pipe(Effect.scoped)
  * ```
@@ -272,7 +274,8 @@ export interface Service {
   readonly forceRelease: (key: string) => Effect.Effect<boolean, BackendError>
   /** Removes `holder` from the key's fair queue (a waiter giving up) and wakes the new head. */
   readonly cancel: (key: string, holder: string) => Effect.Effect<void, BackendError>
-  readonly subscribe: (key: string, holder: string) => Effect.Effect<Subscription, BackendError, Scope.Scope>
+  /** `mode`: what the waiter asks for; a wake-up meant for shared waiters goes to all of them. */
+  readonly subscribe: (key: string, holder: string, mode: HoldMode) => Effect.Effect<Subscription, BackendError, Scope.Scope>
 }
 
 /**

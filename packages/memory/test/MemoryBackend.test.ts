@@ -46,7 +46,7 @@ const isDone = <A, E>(fiber: Fiber.Fiber<A, E>) =>
 /** A waiter as a lock API would write it: subscribe first, then retry until granted. */
 const waitFor = (backend: Service, req: AcquireRequest) =>
   Effect.gen(function* () {
-    const sub = yield* backend.subscribe(req.key, req.holder)
+    const sub = yield* backend.subscribe(req.key, req.holder, req.mode)
     while (true) {
       const result = yield* backend.acquire(req)
       if (result._tag === "Granted") return result
@@ -340,8 +340,8 @@ describe("MemoryBackend", () => {
         const { service: backend } = yield* fresh
         granted(yield* backend.acquire(fair("a:1")))
         for (const holder of ["b:1", "c:1", "d:1"]) denied(yield* backend.acquire(fair(holder)))
-        const subD = yield* backend.subscribe(KEY, "d:1")
-        const subC = yield* backend.subscribe(KEY, "c:1")
+        const subD = yield* backend.subscribe(KEY, "d:1", "exclusive")
+        const subC = yield* backend.subscribe(KEY, "c:1", "exclusive")
         const waitC = yield* awaitFork(subC)
         const waitD = yield* awaitFork(subD)
         yield* backend.cancel(KEY, "c:1")
@@ -359,7 +359,7 @@ describe("MemoryBackend", () => {
         const { service: backend } = yield* fresh
         granted(yield* backend.acquire(read("r:1")))
         const r2 = granted(yield* backend.acquire(read("r:2")))
-        const sub = yield* backend.subscribe(KEY, "w:1")
+        const sub = yield* backend.subscribe(KEY, "w:1", "exclusive")
         const wait = yield* awaitFork(sub)
         assert.isTrue(yield* backend.forceRelease(KEY))
         assert.isTrue(yield* isDone(wait))
@@ -377,7 +377,7 @@ describe("MemoryBackend", () => {
         granted(yield* backend.acquire(request("a:1")))
         const scopes = yield* Effect.forEach(["b:1", "c:1", "d:1"], () => Scope.make())
         const subs = yield* Effect.forEach(["b:1", "c:1", "d:1"], (h, i) =>
-          backend.subscribe(KEY, h).pipe(Scope.extend(scopes[i]!)))
+          backend.subscribe(KEY, h, "exclusive").pipe(Scope.extend(scopes[i]!)))
         const waits = yield* Effect.forEach(subs, awaitFork)
         yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
         assert.deepStrictEqual(yield* Effect.forEach(waits, isDone), [true, false, false])
@@ -394,7 +394,7 @@ describe("MemoryBackend", () => {
         const { service: backend } = yield* fresh
         granted(yield* backend.acquire(request("a:1")))
         granted(yield* backend.acquire(request("a:1")))
-        const wait = yield* awaitFork(yield* backend.subscribe(KEY, "b:1"))
+        const wait = yield* awaitFork(yield* backend.subscribe(KEY, "b:1", "exclusive"))
         yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
         assert.isFalse(yield* isDone(wait))
         yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
@@ -405,7 +405,7 @@ describe("MemoryBackend", () => {
       Effect.gen(function* () {
         const { service: backend } = yield* fresh
         granted(yield* backend.acquire(request("a:1")))
-        const sub = yield* backend.subscribe(KEY, "b:1")
+        const sub = yield* backend.subscribe(KEY, "b:1", "exclusive")
         yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
         assert.isTrue(yield* isDone(yield* awaitFork(sub)))
         assert.isFalse(yield* isDone(yield* awaitFork(sub)))
@@ -415,7 +415,7 @@ describe("MemoryBackend", () => {
       Effect.gen(function* () {
         const { service: backend } = yield* fresh
         granted(yield* backend.acquire(request("a:1")))
-        const sub = yield* backend.subscribe(KEY, "b:1")
+        const sub = yield* backend.subscribe(KEY, "b:1", "exclusive")
         const wait = yield* awaitFork(sub)
         yield* settle
         yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
@@ -429,8 +429,8 @@ describe("MemoryBackend", () => {
         const sem = (holder: string) => request(holder, { mode: "shared", limit: 2 })
         granted(yield* backend.acquire(sem("a:1")))
         granted(yield* backend.acquire(sem("b:1")))
-        const subC = yield* backend.subscribe(KEY, "c:1")
-        const subD = yield* backend.subscribe(KEY, "d:1")
+        const subC = yield* backend.subscribe(KEY, "c:1", "exclusive")
+        const subD = yield* backend.subscribe(KEY, "d:1", "exclusive")
         yield* backend.release({ key: KEY, holder: "a:1", mode: "shared" })
         yield* backend.release({ key: KEY, holder: "b:1", mode: "shared" })
         assert.isTrue(yield* isDone(yield* awaitFork(subC)))
@@ -443,8 +443,8 @@ describe("MemoryBackend", () => {
         granted(yield* backend.acquire(fair("a:1")))
         denied(yield* backend.acquire(fair("b:1")))
         denied(yield* backend.acquire(fair("c:1")))
-        const waitC = yield* awaitFork(yield* backend.subscribe(KEY, "c:1"))
-        const waitB = yield* awaitFork(yield* backend.subscribe(KEY, "b:1"))
+        const waitC = yield* awaitFork(yield* backend.subscribe(KEY, "c:1", "exclusive"))
+        const waitB = yield* awaitFork(yield* backend.subscribe(KEY, "b:1", "exclusive"))
         yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
         assert.isTrue(yield* isDone(waitB))
         assert.isFalse(yield* isDone(waitC))
@@ -454,7 +454,7 @@ describe("MemoryBackend", () => {
       Effect.gen(function* () {
         const { service: backend } = yield* fresh
         granted(yield* backend.acquire(request("a:1")))
-        const sub = yield* backend.subscribe(KEY, "b:1")
+        const sub = yield* backend.subscribe(KEY, "b:1", "exclusive")
         const first = yield* awaitFork(sub)
         yield* settle
         const exit = yield* Fiber.interrupt(first)
@@ -467,7 +467,7 @@ describe("MemoryBackend", () => {
       Effect.gen(function* () {
         const { service: backend } = yield* fresh
         const scope = yield* Scope.make()
-        const sub = yield* backend.subscribe(KEY, "b:1").pipe(Scope.extend(scope))
+        const sub = yield* backend.subscribe(KEY, "b:1", "exclusive").pipe(Scope.extend(scope))
         const wait = yield* awaitFork(sub)
         assert.isFalse(yield* isDone(wait))
         yield* Scope.close(scope, Exit.void)
@@ -480,9 +480,9 @@ describe("MemoryBackend", () => {
         const { service: backend } = yield* fresh
         granted(yield* backend.acquire(request("a:1")))
         // b:1 subscribes but never gets to await: the wake-up stays pending on it
-        const b = yield* Effect.fork(Effect.scoped(Effect.zipRight(backend.subscribe(KEY, "b:1"), Effect.never)))
+        const b = yield* Effect.fork(Effect.scoped(Effect.zipRight(backend.subscribe(KEY, "b:1", "exclusive"), Effect.never)))
         yield* settle
-        const subC = yield* backend.subscribe(KEY, "c:1")
+        const subC = yield* backend.subscribe(KEY, "c:1", "exclusive")
         const waitC = yield* awaitFork(subC)
         yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
         assert.isFalse(yield* isDone(waitC))
@@ -497,8 +497,8 @@ describe("MemoryBackend", () => {
           Effect.gen(function* () {
             granted(yield* backend.acquire(request("a:1")))
             const scope = yield* Scope.make()
-            yield* backend.subscribe(KEY, "b:1").pipe(Scope.extend(scope))
-            const waitC = yield* awaitFork(yield* backend.subscribe(KEY, "c:1"))
+            yield* backend.subscribe(KEY, "b:1", "exclusive").pipe(Scope.extend(scope))
+            const waitC = yield* awaitFork(yield* backend.subscribe(KEY, "c:1", "exclusive"))
             yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
             yield* Scope.close(scope, exit)
             const done = yield* isDone(waitC)
@@ -533,7 +533,7 @@ describe("MemoryBackend", () => {
         Effect.gen(function* () {
           const { service: backend } = yield* fresh
           granted(yield* backend.acquire(request("a:1")))
-          const wait = yield* awaitFork(yield* backend.subscribe(KEY, "b:1"))
+          const wait = yield* awaitFork(yield* backend.subscribe(KEY, "b:1", "exclusive"))
           yield* TestClock.adjust(1000)
           // no timers: nothing happens until the key is touched
           assert.isFalse(yield* isDone(wait))
@@ -571,7 +571,7 @@ describe("MemoryBackend", () => {
         yield* Effect.gen(function* () {
           granted(yield* backend.acquire(request("a:1", { mode: "shared", limit: 2 })))
           denied(yield* backend.acquire(request("w:1", { fair: true })))
-          const sub = yield* backend.subscribe(KEY, "w:1")
+          const sub = yield* backend.subscribe(KEY, "w:1", "exclusive")
           yield* awaitFork(sub)
           assert.deepStrictEqual(sizes(), { keys: 1, subscribedKeys: 1, subscriptions: 1, fences: 1 })
         }).pipe(Effect.scoped)

@@ -212,7 +212,7 @@ export const failing = (options: FailingOptions) => (backend: Service): Service 
     inspect: (key) => inject("inspect", backend.inspect(key)),
     forceRelease: (key) => inject("forceRelease", backend.forceRelease(key)),
     cancel: (key, holder) => inject("cancel", backend.cancel(key, holder)),
-    subscribe: (key, holder) => inject("subscribe", backend.subscribe(key, holder))
+    subscribe: (key, holder, mode) => inject("subscribe", backend.subscribe(key, holder, mode))
   }
 }
 

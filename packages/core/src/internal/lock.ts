@@ -34,20 +34,35 @@ export const defaultWaiterTtlMs = 5_000
  */
 interface Held {
   readonly holder: string
+  /** The fence of the grant that started the record: a re-entrant grant with another fence is not one. */
+  readonly fence: number
   readonly lost: Effect.Effect<never, LockLost>
   readonly expiresIn: Effect.Effect<Duration.Duration>
   readonly scope: Scope.CloseableScope
-  /** Open leases; at 0 the record is dead and a later grant to the same holder starts a new one. */
+  /** Open leases; at 0 the record is done and a later grant to the same holder starts a new one. */
   leases: number
+  /** Set once `lost` has failed: the hold is gone, so nothing may re-enter it. */
+  dead: boolean
+  /** Fails `lost` (once) and marks the record dead. */
+  readonly lose: (reason: LockLost["reason"]) => Effect.Effect<void>
 }
 
+const isLive = (held: Held): boolean => held.leases > 0 && !held.dead
+
 /**
- * Holds of the current fiber and the fibers it forked while holding them, by backend instance
- * and key. Children get a copy; a joining child never overwrites its parent's entries.
+ * Holds of the current fiber and of the fibers it forked while holding them, by backend instance
+ * and key. A child gets a copy; a joining child (`Effect.timeout`, `Effect.all`, `Fiber.join`)
+ * hands its live holds to the parent, whose scope usually owns them, without overriding the
+ * parent's own live ones.
  */
 const heldLeases = GlobalValue.globalValue(
   Symbol.for("@lockstep/core/heldLeases"),
-  () => FiberRef.unsafeMake(HashMap.empty<string, Held>(), { join: (parent) => parent })
+  () =>
+    FiberRef.unsafeMake(HashMap.empty<string, Held>(), {
+      join: (parent, child) =>
+        HashMap.reduce(child, parent, (merged, held, id) =>
+          isLive(held) && !Option.exists(HashMap.get(merged, id), isLive) ? HashMap.set(merged, id, held) : merged)
+    })
 )
 
 const holderCounter = GlobalValue.globalValue(Symbol.for("@lockstep/core/holderCounter"), () => ({ next: 0 }))
@@ -56,7 +71,7 @@ const heldId = (spec: LockSpec): string => `${spec.backend.clientId}\u0000${spec
 
 const liveHeld = (spec: LockSpec): Effect.Effect<Option.Option<Held>> =>
   spec.reentrant
-    ? Effect.map(FiberRef.get(heldLeases), (held) => Option.filter(HashMap.get(held, heldId(spec)), (h) => h.leases > 0))
+    ? Effect.map(FiberRef.get(heldLeases), (held) => Option.filter(HashMap.get(held, heldId(spec)), isLive))
     : Effect.succeed(Option.none())
 
 /** The holder identity of the current fiber for this lock, if it holds it. */
@@ -96,14 +111,23 @@ export const acquire = (
       }
       const startedAt = yield* monotonicMillis
       let granted: Lease | undefined
+      let stale = false
       // a grant and the registration of its release happen in one uninterruptible step
       const attempt = Effect.flatMap(monotonicMillis, (sentAt) =>
-        Effect.tap(spec.backend.acquire(request), (result) =>
-          result._tag === "Granted"
-            ? Effect.map(attach(spec, request, result.fence, sentAt, scope, found), (lease) => {
-              granted = lease
-            })
-            : Effect.void))
+        Effect.tap(spec.backend.acquire(request), (result) => {
+          if (result._tag === "Denied") return Effect.void
+          if (Option.isSome(found) && result.fence !== found.value.fence) {
+            // the backend granted afresh: the hold being re-entered was lost in the meantime
+            stale = true
+            return Effect.zipRight(found.value.lose("NotHeld"), release(spec, holder))
+          }
+          return Effect.map(attach(spec, request, result.fence, sentAt, scope, found), (lease) => {
+            granted = lease
+          })
+        })).pipe(
+          // a fair attempt whose reply was lost may have queued us
+          spec.fair ? Effect.tapError(() => Effect.ignore(spec.backend.cancel(spec.key, holder))) : (e) => e
+        )
 
       const first = yield* attempt
       if (first._tag === "Denied" && timeoutMs !== 0) {
@@ -111,6 +135,12 @@ export const acquire = (
       } else if (first._tag === "Denied" && spec.fair) {
         // a denied fair attempt queued us; a try-acquire must not stay in the queue
         yield* spec.backend.cancel(spec.key, holder)
+      }
+      if (stale) {
+        // start over as a new holder, within what is left of the wait
+        const elapsed = (yield* monotonicMillis) - startedAt
+        const left = timeoutMs === undefined || timeoutMs === 0 ? timeoutMs : Math.max(1, timeoutMs - elapsed)
+        return yield* restore(acquire(spec, permits, left))
       }
       return Option.fromNullable(granted)
     })
@@ -131,11 +161,11 @@ const attach = (
 ): Effect.Effect<Lease> =>
   Effect.gen(function*() {
     let held: Held
-    if (Option.isSome(found) && found.value.leases > 0) {
+    if (Option.isSome(found) && isLive(found.value)) {
       held = found.value
       held.leases++
     } else {
-      held = yield* startHeld(spec, request, sentAt)
+      held = yield* startHeld(spec, request, fence, sentAt)
       if (spec.reentrant) yield* FiberRef.update(heldLeases, HashMap.set(heldId(spec), held))
     }
     const record = held
@@ -179,7 +209,7 @@ const waitForGrant = (
 ): Effect.Effect<AcquireResult, AttemptError | LockTimeout> =>
   Effect.gen(function*() {
     const deadline = timeoutMs === undefined ? Infinity : startedAt + timeoutMs
-    const subscription = yield* spec.backend.subscribe(spec.key, request.holder)
+    const subscription = yield* spec.backend.subscribe(spec.key, request.holder, spec.mode)
     // waiters refresh their fair-queue entry well before it expires
     const heartbeatMs = spec.fair ? Math.max(1, Math.floor(spec.waiterTtlMs / 3)) : Infinity
     while (true) {
@@ -189,7 +219,7 @@ const waitForGrant = (
       if (now >= deadline) {
         return yield* Effect.fail(new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs ?? Infinity) }))
       }
-      const sleepMs = Math.max(1, Math.ceil(Math.min(result.retryAfterMs, heartbeatMs, deadline - now)))
+      const sleepMs = Math.max(1, Math.ceil(Math.min(result.retryAfterMs, heartbeatMs, deadline - now, maxSleepMs)))
       yield* restore(Effect.raceFirst(subscription.await, Effect.sleep(sleepMs)))
     }
   }).pipe(
@@ -208,54 +238,79 @@ const release = (spec: LockSpec, holder: string): Effect.Effect<void> =>
     Effect.withSpan("lockstep.release", { attributes: { key: spec.key, mode: spec.mode } })
   )
 
+/** Longest single sleep: Effect's clock never fires a timer set further out than 2^31 - 1 ms. */
+export const maxSleepMs = 2 ** 31 - 1
+
 /**
- * Starts a holder's record: a fiber in the record's own scope that fails `lost` when the local
- * deadline passes unconfirmed or a renewal reports the hold gone, and (without a fixed lease)
- * renews it every watchdog / 3.
+ * Time given away on every local deadline: the backend's clock may run faster than ours, and a
+ * timer may fire late. 1% of the lease plus 5 ms, as Redisson's RedLock allows for clock drift.
  */
-const startHeld = (spec: LockSpec, request: AcquireRequest, sentAt: number): Effect.Effect<Held> =>
+const driftMs = (leaseMs: number) => Math.floor(leaseMs / 100) + 5
+
+/**
+ * Starts a holder's record. Two fibers run in the record's own scope: a timer that fails `lost`
+ * when the local deadline passes unconfirmed, and (without a fixed lease) the watchdog, which
+ * renews every watchdog / 3, moves the deadline on each confirmed renewal, and fails `lost` when
+ * a renewal reports the hold gone. Any other failure of a renewal, a defect included, is retried
+ * until the deadline decides.
+ */
+const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentAt: number): Effect.Effect<Held> =>
   Effect.gen(function*() {
     const lost = yield* Deferred.make<never, LockLost>()
-    // measured from before the granted request was sent, so it never outlasts the backend's expiry
-    let deadline = sentAt + request.leaseMs
+    // measured from before the granted request was sent, less the drift allowance, so it never
+    // outlasts the backend's expiry
+    let deadline = sentAt + request.leaseMs - driftMs(request.leaseMs)
     const expiresIn = Effect.map(monotonicMillis, (now) => Duration.millis(Math.max(0, deadline - now)))
-    const fail = (reason: LockLost["reason"]) =>
-      Deferred.fail(lost, new LockLost({ key: spec.key, holder: request.holder, reason }))
-    const sleepUntil = (at: number) =>
-      Effect.flatMap(monotonicMillis, (now) => Effect.sleep(Duration.millis(Math.max(0, at - now))))
-
-    const watch = spec.leaseMs !== undefined
-      ? Effect.zipRight(sleepUntil(deadline), fail("DeadlinePassed"))
-      : Effect.gen(function*() {
-        const intervalMs = spec.watchdogMs / 3
-        // renewals fall on a grid shared by all leases with this watchdog, so a backend that
-        // batches concurrent renewals sees them together
-        const quantum = intervalMs / 4
-        let confirmedAt = sentAt
-        let attemptedAt = -Infinity
-        while (true) {
-          let next = Math.ceil((confirmedAt + intervalMs * 0.75) / quantum) * quantum
-          // after a failed renewal, try again at the next grid point, never in a tight loop
-          while (next <= attemptedAt) next += quantum
-          yield* sleepUntil(Math.min(next, deadline))
-          attemptedAt = yield* monotonicMillis
-          if (attemptedAt >= deadline) return yield* fail("DeadlinePassed")
-          const renewed = yield* spec.backend.renew([{ key: spec.key, holder: request.holder, leaseMs: spec.watchdogMs }])
-            .pipe(
-              Effect.timeoutOption(Duration.millis(deadline - attemptedAt)),
-              Effect.map(Option.flatMap((results) => Option.fromNullable(results[0]))),
-              // a failed or unanswered renewal is retried until the deadline decides
-              Effect.catchAll(() => Effect.succeed(Option.none<boolean>()))
-            )
-          if (Option.isSome(renewed) && !renewed.value) return yield* fail("NotHeld")
-          if (Option.isSome(renewed)) {
-            confirmedAt = attemptedAt
-            deadline = attemptedAt + spec.watchdogMs
-          }
-        }
-      })
     const scope = yield* Scope.make()
-    // forked from an uninterruptible region: the watchdog itself must stay interruptible
-    yield* Effect.forkIn(Effect.interruptible(watch), scope)
-    return { holder: request.holder, lost: Deferred.await(lost), expiresIn, scope, leases: 1 }
+    const held: Held = {
+      holder: request.holder,
+      fence,
+      lost: Deferred.await(lost),
+      expiresIn,
+      scope,
+      leases: 1,
+      dead: false,
+      lose: (reason) =>
+        Effect.suspend(() => {
+          held.dead = true
+          return Deferred.fail(lost, new LockLost({ key: spec.key, holder: request.holder, reason }))
+        })
+    }
+    const fail = held.lose
+    const sleepUntil = (at: number) =>
+      Effect.flatMap(monotonicMillis, (now) => Effect.sleep(Duration.millis(Math.min(maxSleepMs, Math.max(0, at - now)))))
+
+    const timer = Effect.gen(function*() {
+      while ((yield* monotonicMillis) < deadline) yield* sleepUntil(deadline)
+      yield* fail("DeadlinePassed")
+    })
+    const watchdog = Effect.gen(function*() {
+      const intervalMs = spec.watchdogMs / 3
+      // renewals fall on a grid shared by all leases with this watchdog, so a backend that
+      // batches concurrent renewals sees them together
+      const quantum = intervalMs / 4
+      let confirmedAt = sentAt
+      let attemptedAt = -Infinity
+      while (true) {
+        let next = Math.ceil((confirmedAt + intervalMs * 0.75) / quantum) * quantum
+        // after a failed renewal, try again at the next grid point, never in a tight loop
+        while (next <= attemptedAt) next += quantum
+        yield* sleepUntil(next)
+        attemptedAt = yield* monotonicMillis
+        const renewed = yield* spec.backend.renew([{ key: spec.key, holder: request.holder, leaseMs: spec.watchdogMs }])
+          .pipe(
+            Effect.map((results) => Option.fromNullable(results[0])),
+            Effect.catchAllCause(() => Effect.succeed(Option.none<boolean>()))
+          )
+        if (Option.isSome(renewed) && !renewed.value) return yield* fail("NotHeld")
+        if (Option.isSome(renewed)) {
+          confirmedAt = attemptedAt
+          deadline = Math.max(deadline, attemptedAt + spec.watchdogMs - driftMs(spec.watchdogMs))
+        }
+      }
+    })
+    // forked from an uninterruptible region: both must stay interruptible so the scope can close
+    yield* Effect.forkIn(Effect.interruptible(timer), scope)
+    if (spec.leaseMs === undefined) yield* Effect.forkIn(Effect.interruptible(watchdog), scope)
+    return held
   })

@@ -1,6 +1,9 @@
 import { Duration, Effect, Option } from "effect"
 import { InvalidLockOptions } from "../LockError.js"
 
+/** Effect's clock never fires a timer set further out than 2^31 - 1 ms. */
+const maxMillis = 2 ** 31 - 1
+
 const invalid = (field: string, reason: string) => Effect.fail(new InvalidLockOptions({ field, reason }))
 
 /** Longest key accepted: keeps keys cheap to hash and to log. */
@@ -38,6 +41,8 @@ export const millis = (
   }
   const whole = Math.floor(ms)
   if (whole < 1) return invalid(field, `must be at least 1 millisecond, got ${Duration.format(decoded.value)}`)
+  // timers further out than this never fire
+  if (whole > maxMillis) return invalid(field, `must be at most ${maxMillis} ms (about 24.8 days)`)
   return Effect.succeed(whole)
 }
 

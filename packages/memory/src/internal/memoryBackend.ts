@@ -28,6 +28,7 @@ interface KeyData {
 interface Sub {
   readonly key: string
   readonly holder: string
+  readonly mode: LockBackend.HoldMode
   /** A wake-up was delivered and the subscriber has not yet consumed it. */
   signalled: boolean
   closed: boolean
@@ -62,7 +63,8 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   // All operations read time synchronously from Effect's Clock and apply their whole state
   // transition in one synchronous block: JS is single-threaded, so each operation is atomic.
   const atomically = <A, E>(f: (now: number) => Effect.Effect<A, E>): Effect.Effect<A, E> =>
-    Effect.clockWith((clock: Clock.Clock) => Effect.suspend(() => f(clock.unsafeCurrentTimeMillis())))
+    // monotonic: a wall-clock step must not expire leases early
+    Effect.clockWith((clock: Clock.Clock) => Effect.suspend(() => f(Number(clock.unsafeCurrentTimeNanos()) / 1_000_000)))
 
   /** Drops expired holders and queue entries; `true` if anything was dropped. */
   const prune = (key: string, now: number): boolean => {
@@ -141,7 +143,12 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       chosen ??= sub
       if (head === undefined) break
     }
-    if (chosen !== undefined) signal(chosen)
+    if (chosen === undefined) return
+    signal(chosen)
+    // freed capacity may fit several shared waiters, and a denied one would not pass it on
+    if (chosen.mode === "shared") {
+      for (const sub of subs) if (!sub.signalled && sub.mode === "shared" && sub.holder !== except) signal(sub)
+    }
   }
 
   const extend = (hold: Hold, now: number, leaseMs: number): void => {
@@ -389,10 +396,14 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       })
     })
 
-  const subscribe = (key: string, holder: string): Effect.Effect<LockBackend.Subscription, never, Scope.Scope> =>
+  const subscribe = (
+    key: string,
+    holder: string,
+    mode: LockBackend.HoldMode
+  ): Effect.Effect<LockBackend.Subscription, never, Scope.Scope> =>
     Effect.acquireRelease(
       Effect.sync(() => {
-        const sub: Sub = { key, holder, signalled: false, closed: false, resumers: new Set() }
+        const sub: Sub = { key, holder, mode, signalled: false, closed: false, resumers: new Set() }
         let subs = subscriptions.get(key)
         if (subs === undefined) {
           subs = new Set()

@@ -9,6 +9,7 @@ import type { LockError } from "@lockstep/core/LockError"
 import * as ReadWriteLock from "@lockstep/core/ReadWriteLock"
 import * as Semaphore from "@lockstep/core/Semaphore"
 import type { Harness } from "../Conformance.js"
+import * as FaultyBackend from "../FaultyBackend.js"
 import * as History from "../History.js"
 import * as ModelCheck from "../ModelCheck.js"
 
@@ -28,7 +29,7 @@ const counting = (layer: Layer.Layer<LockBackend>) => {
       inspect: (k) => Effect.zipRight(count("inspect"), backend.inspect(k)),
       forceRelease: (k) => Effect.zipRight(count("forceRelease"), backend.forceRelease(k)),
       cancel: (k, h) => Effect.zipRight(count("cancel"), backend.cancel(k, h)),
-      subscribe: (k, h) => Effect.zipRight(count("subscribe"), backend.subscribe(k, h))
+      subscribe: (k, h, m) => Effect.zipRight(count("subscribe"), backend.subscribe(k, h, m))
     }))
   ).pipe(Layer.provide(layer))
   return { layer: wrapped, calls: (op: string) => calls.get(op) ?? 0, total: () => [...calls.values()].reduce((a, b) => a + b, 0) }
@@ -86,12 +87,16 @@ export const register = (harness: Harness, test: TestFn): void => {
       assert.deepStrictEqual(state.holders, [], `holders left on ${key}`)
       assert.deepStrictEqual(state.queue, [], `queue entries left on ${key}`)
     })
-  /** Holds a lease in a fiber of its own (a different holder identity) until `release` runs. */
+  /**
+   * Holds a lease in a fiber of its own until `release` runs. Call it from a fiber that holds
+   * nothing, so the holder is a different identity.
+   */
   const hold = <E, R>(acquire: Effect.Effect<Lease, E, R>) =>
     Effect.gen(function*() {
       const granted = yield* Deferred.make<Lease>()
       const done = yield* Deferred.make<void>()
-      const fiber = yield* Effect.fork(
+      // a daemon: it outlives a forked caller that returns once the lease is granted
+      const fiber = yield* Effect.forkDaemon(
         Effect.scoped(Effect.flatMap(acquire, (lease) => Effect.zipRight(Deferred.succeed(granted, lease), Deferred.await(done))))
       )
       const lease = yield* Deferred.await(granted)
@@ -375,6 +380,7 @@ export const register = (harness: Harness, test: TestFn): void => {
         [Lock.make(key, { lease: Infinity }), "lease"],
         [Lock.make(key, { lease: "0 millis" }), "lease"],
         [Lock.make(key, { lease: bad("soon") }), "lease"],
+        [Lock.make(key, { lease: "30 days" }), "lease"],
         [Lock.make(key, { watchdog: 0 }), "watchdog"],
         [Lock.make(key, { watchdog: NaN }), "watchdog"],
         [Lock.make(key, { watchdog: Infinity }), "watchdog"],
@@ -470,4 +476,106 @@ export const register = (harness: Harness, test: TestFn): void => {
     test(`the backend follows the reference model (${harness.modelRuns ?? 200} model-based runs)`, () =>
       withBackend(ModelCheck.run({ advance: (ms) => TestClock.adjust(ms), numRuns: harness.modelRuns ?? 200 })), 120_000)
   }
+
+  test("a lease acquired in a child fiber (Effect.timeout) is re-entered by the parent", () =>
+    withBackend(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("child"))
+      yield* Effect.scoped(Effect.gen(function*() {
+        yield* Lock.acquire(lock).pipe(Effect.timeout("5 seconds"))
+        assert.strictEqual(yield* Lock.holdCount(lock), 1)
+        assert.strictEqual(yield* Lock.holdCount(lock).pipe(Lock.withLock(lock, { timeout: "1 second" })), 2)
+      }))
+      assert.isFalse(yield* Lock.isLocked(lock))
+    })))
+
+  test("re-entering a hold that was lost starts afresh and reports the loss", () =>
+    withBackend(Effect.gen(function*() {
+      const key = yield* freshKey("stale")
+      const lock = yield* Lock.make(key)
+      // another holder, forked before this fiber holds anything
+      const go = yield* Deferred.make<void>()
+      const otherFence = yield* Effect.fork(
+        Effect.zipRight(Deferred.await(go), Effect.scoped(Effect.map(Lock.acquire(lock), (lease) => lease.fence)))
+      )
+      yield* Effect.scoped(Effect.gen(function*() {
+        const outer = yield* Lock.acquire(lock)
+        const outerLost = yield* Effect.fork(Effect.flip(outer.lost))
+        assert.isTrue(yield* Lock.forceUnlock(lock))
+        yield* Deferred.succeed(go, undefined)
+        const fence = yield* Fiber.join(otherFence)
+        assert.isAbove(fence, outer.fence)
+        const inner = yield* Lock.acquire(lock)
+        assert.notStrictEqual(inner.holder, outer.holder)
+        assert.isAbove(inner.fence, fence)
+        const error = yield* Fiber.join(outerLost)
+        assert.strictEqual(error.reason, "NotHeld")
+        const state = yield* inspect(key)
+        assert.deepStrictEqual(state.holders.map((h) => [h.holder, h.exclusive]), [[inner.holder, 1]])
+      }))
+      yield* assertFree(key)
+    })))
+
+  test("a renewal that dies does not stop the deadline: lost fails with DeadlinePassed", () =>
+    Effect.gen(function*() {
+      const dying = Layer.effect(
+        LockBackend,
+        Effect.map(LockBackend, (backend): Service => ({ ...backend, renew: () => Effect.dieMessage("renewal exploded") }))
+      ).pipe(Layer.provide(harness.layer))
+      yield* Effect.gen(function*() {
+        const lock = yield* Lock.make(yield* freshKey("defect"), { watchdog: "300 millis" })
+        const fiber = yield* Effect.fork(Lock.withLock(Effect.never, lock))
+        yield* Lock.isLocked(lock).pipe(Effect.zipLeft(settle), Effect.repeat({ until: (locked) => locked }))
+        yield* advance(300)
+        const error = failureOf(yield* Fiber.await(fiber))
+        assert.isTrue(Option.isSome(error) && error.value._tag === "LockLost" && error.value.reason === "DeadlinePassed")
+      }).pipe(Effect.provide(dying))
+    }))
+
+  test("freed capacity reaches every shared waiter that fits, not only the first one woken", () =>
+    withBackend(Effect.gen(function*() {
+      // semaphore: a 3-permit waiter queued before a 1-permit waiter; one permit frees up
+      const sem = yield* Semaphore.make(yield* freshKey("capacity"), { limit: 3 })
+      const one = yield* hold(Semaphore.acquire(sem, { permits: 1 }))
+      const two = yield* hold(Semaphore.acquire(sem, { permits: 2 }))
+      const big = yield* Effect.fork(Effect.scoped(Semaphore.acquire(sem, { permits: 3 })))
+      yield* settle
+      const small = yield* Effect.fork(Effect.scoped(Semaphore.acquire(sem, { permits: 1 })))
+      yield* settle
+      yield* one.release
+      // the holders' leases are 30 s: only a wake-up can end this wait in time
+      yield* Fiber.join(small).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      yield* two.release
+      yield* Fiber.join(big).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      // read-write: a writer holds; R1, W2, R3 wait; both readers enter when the writer leaves
+      const rw = yield* ReadWriteLock.make(yield* freshKey("readers"))
+      const writer = yield* hold(Lock.acquire(rw.write))
+      const r1 = yield* hold(Lock.acquire(rw.read)).pipe(Effect.fork)
+      yield* settle
+      const w2 = yield* Effect.fork(Effect.scoped(Lock.acquire(rw.write)))
+      yield* settle
+      const r3 = yield* hold(Lock.acquire(rw.read)).pipe(Effect.fork)
+      yield* settle
+      yield* writer.release
+      const reader1 = yield* Fiber.join(r1).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      const reader3 = yield* Fiber.join(r3).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      yield* reader1.release
+      yield* reader3.release
+      yield* Fiber.join(w2).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+    })))
+
+  test("a fair attempt whose reply is lost leaves no queue entry behind", () =>
+    Effect.gen(function*() {
+      const key = yield* freshKey("lost-reply")
+      // the first attempt of the second acquirer is queued by the backend, but its reply is lost
+      const lossy = FaultyBackend.failingLayer({ operation: "acquire", when: (n) => n === 2, timing: "after" })(harness.layer)
+      yield* Effect.gen(function*() {
+        const lock = yield* FairLock.make(key)
+        const first = yield* hold(Lock.acquire(lock))
+        const error = yield* Effect.flip(Effect.scoped(Lock.acquire(lock)))
+        assert.strictEqual(error._tag, "BackendError")
+        assert.deepStrictEqual((yield* inspect(key)).queue, [])
+        yield* first.release
+        yield* assertFree(key)
+      }).pipe(Effect.provide(lossy))
+    }))
 }
