@@ -36,3 +36,10 @@ export * as Model from "./Model.js"
  * @since 0.1.0
  */
 export * as ModelCheck from "./ModelCheck.js"
+
+/**
+ * Real `redis-server` processes (single servers and 3-master clusters) for tests.
+ *
+ * @since 0.1.0
+ */
+export * as RedisServer from "./RedisServer.js"

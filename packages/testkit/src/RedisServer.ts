@@ -1,0 +1,246 @@
+/**
+ * Real `redis-server` processes for tests, tied to a `Scope`: each server gets a free loopback
+ * port (never the shared 6379) and a fresh temp dir, runs without persistence, and is killed (and
+ * its dir removed) when the scope closes. Tests can kill, restart (on the same port), pause and
+ * resume it to inject crashes and stalls; `makeCluster` builds a 3-master Redis Cluster the same
+ * way.
+ *
+ * The binary is `REDIS_SERVER_BIN` if set, else `redis-server` on `PATH`; cluster creation uses
+ * `REDIS_CLI_BIN`, else the `redis-cli` next to `REDIS_SERVER_BIN`, else `redis-cli` on `PATH`.
+ * Check `available` first so that a suite can say plainly that it was not run.
+ *
+ * @since 0.1.0
+ */
+import type { Duration, Effect, Option, Scope } from "effect"
+import * as internal from "./internal/redisServer.js"
+
+/**
+ * Every failure of the launcher: the binary cannot be run, the server did not answer PING in
+ * time (the message ends with its last log lines), a control was used on a stopped server, the
+ * cluster did not become healthy, ...
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { RedisServer } from "@lockstep/testkit"
+ *
+ * const program = Effect.scoped(RedisServer.make()).pipe(
+ *   Effect.catchTag("RedisServerError", (e) => Effect.logError(e.message))
+ * )
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export const RedisServerError: typeof internal.RedisServerError = internal.RedisServerError
+
+/**
+ * @since 0.1.0
+ * @category errors
+ */
+export type RedisServerError = internal.RedisServerError
+
+/**
+ * A host and port, as cluster clients take their startup nodes.
+ *
+ * @example
+ * ```ts
+ * import type { RedisServer } from "@lockstep/testkit"
+ *
+ * const node: RedisServer.Address = { host: "127.0.0.1", port: 7000 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Address {
+  readonly host: string
+  readonly port: number
+}
+
+/**
+ * A running (or deliberately stopped) `redis-server` owned by a scope.
+ *
+ * The controls are serialized: one runs at a time. `kill` and `restart` work in any state;
+ * `pause` and `resume` fail with `RedisServerError` when no process is running.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { RedisServer } from "@lockstep/testkit"
+ *
+ * const crashAndRecover = (server: RedisServer.RedisServer) =>
+ *   Effect.zipRight(server.kill, server.restart)
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface RedisServer extends Address {
+  /** `redis://127.0.0.1:<port>`. */
+  readonly url: string
+  /** The server's working dir (a fresh temp dir, removed when the scope closes). */
+  readonly dir: string
+  /** The pid of the current process, if one is alive (paused or not). */
+  readonly pid: Effect.Effect<Option.Option<number>>
+  /** Whether a process is alive (paused or not). */
+  readonly isRunning: Effect.Effect<boolean>
+  /** The last few KB the current process wrote to stdout / stderr (its log). */
+  readonly logs: Effect.Effect<string>
+  /** SIGKILL and wait for the exit; nothing if not running. Clients see connection refused. */
+  readonly kill: Effect.Effect<void, RedisServerError>
+  /**
+   * Stops the process if it runs (SIGTERM, SIGKILL after 2 s), starts a new one on the same port
+   * and dir, and waits until it answers PING. Data is not kept (no persistence).
+   */
+  readonly restart: Effect.Effect<void, RedisServerError>
+  /** SIGSTOP: connections are still accepted by the kernel but nothing answers. */
+  readonly pause: Effect.Effect<void, RedisServerError>
+  /** SIGCONT after `pause`. */
+  readonly resume: Effect.Effect<void, RedisServerError>
+}
+
+/**
+ * A Redis Cluster of masters (no replicas), each a `RedisServer`.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { RedisServer } from "@lockstep/testkit"
+ *
+ * const failover = (cluster: RedisServer.RedisCluster) =>
+ *   Effect.gen(function*() {
+ *     const node = cluster.nodes[0]
+ *     if (node === undefined) return
+ *     yield* node.kill
+ *     yield* node.restart
+ *     yield* cluster.awaitHealthy()
+ *   })
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface RedisCluster {
+  readonly nodes: ReadonlyArray<RedisServer>
+  /** Host and port of every node, for a cluster client's startup nodes. */
+  readonly startupNodes: ReadonlyArray<Address>
+  /**
+   * Waits until every running node reports `cluster_state:ok` and knows every node (default
+   * timeout: the cluster's `clusterTimeout`), e.g. after restarting a node.
+   */
+  readonly awaitHealthy: (timeout?: Duration.DurationInput) => Effect.Effect<void, RedisServerError>
+}
+
+/**
+ * Options of `make`.
+ *
+ * @example
+ * ```ts
+ * import type { RedisServer } from "@lockstep/testkit"
+ *
+ * const options: RedisServer.Options = { args: ["--maxmemory", "64mb"], startTimeout: "5 seconds" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Options {
+  /** Extra `redis-server` arguments, after the launcher's own (so they win). */
+  readonly args?: ReadonlyArray<string>
+  /** The binary; default `REDIS_SERVER_BIN`, else `redis-server` on `PATH`. */
+  readonly bin?: string
+  /** How long to wait for the first PONG of each start (default 10 s). */
+  readonly startTimeout?: Duration.DurationInput
+}
+
+/**
+ * Options of `makeCluster`.
+ *
+ * @example
+ * ```ts
+ * import type { RedisServer } from "@lockstep/testkit"
+ *
+ * const options: RedisServer.ClusterOptions = { masters: 3, clusterTimeout: "15 seconds" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ClusterOptions extends Options {
+  /** How many masters (at least 3, default 3). */
+  readonly masters?: number
+  /** The `redis-cli` binary; default `REDIS_CLI_BIN`, else next to `REDIS_SERVER_BIN`, else on `PATH`. */
+  readonly cliBin?: string
+  /** Bound on `redis-cli --cluster create` and on reaching `cluster_state:ok` (default 20 s). */
+  readonly clusterTimeout?: Duration.DurationInput
+}
+
+/**
+ * Whether `redis-server` (from `REDIS_SERVER_BIN`, else `PATH`) can be executed: `--version`
+ * runs and exits 0.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { RedisServer } from "@lockstep/testkit"
+ *
+ * const program = Effect.flatMap(RedisServer.available, (ok) =>
+ *   ok ? Effect.log("real Redis suites will run") : Effect.log("redis-server not found: real Redis suites not run")
+ * )
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const available: Effect.Effect<boolean> = internal.available
+
+/**
+ * Starts a `redis-server` on a free loopback port with a fresh temp dir and no persistence
+ * (`--save "" --appendonly no`), and waits until it answers PING. Closing the scope stops it
+ * (SIGTERM, SIGKILL after 2 s) and removes the dir.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { RedisServer } from "@lockstep/testkit"
+ *
+ * const program = Effect.scoped(
+ *   Effect.gen(function*() {
+ *     const server = yield* RedisServer.make()
+ *     yield* Effect.log(`Redis at ${server.url}`)
+ *     yield* server.kill
+ *     yield* server.restart
+ *   })
+ * )
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const make: (options?: Options) => Effect.Effect<RedisServer, RedisServerError, Scope.Scope> = internal.make
+
+/**
+ * Starts a Redis Cluster: `masters` (default 3) servers with `--cluster-enabled yes` (node
+ * timeout 2 s), joined with `redis-cli --cluster create ... --cluster-replicas 0`, and waits until
+ * every node reports `cluster_state:ok`. Closing the scope stops every node.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { RedisServer } from "@lockstep/testkit"
+ *
+ * const program = Effect.scoped(
+ *   Effect.gen(function*() {
+ *     const cluster = yield* RedisServer.makeCluster()
+ *     yield* Effect.log(cluster.startupNodes)
+ *   })
+ * )
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const makeCluster: (
+  options?: ClusterOptions
+) => Effect.Effect<RedisCluster, RedisServerError, Scope.Scope> = internal.makeCluster
