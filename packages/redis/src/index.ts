@@ -1,6 +1,10 @@
 /**
- * @lockstep/redis: the Redis backend (in progress; the package is reserved and exports nothing yet).
+ * @lockstep/redis: the Redis backend of lockstep, on ioredis.
  *
  * @since 0.1.0
  */
-export {}
+
+/**
+ * @since 0.1.0
+ */
+export * as RedisBackend from "./RedisBackend.js"

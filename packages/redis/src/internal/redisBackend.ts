@@ -1,0 +1,244 @@
+import { createHash } from "node:crypto"
+import type { Scope } from "effect"
+import { Deferred, Duration, Effect, Queue } from "effect"
+import type { Cluster, Redis } from "ioredis"
+import calculateSlot from "cluster-key-slot"
+import type * as LockBackend from "@lockstep/core/LockBackend"
+import { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
+import * as scripts from "./scripts.js"
+import { makeWakeups } from "./wakeups.js"
+
+export type Client = Redis | Cluster
+
+export interface Tuning {
+  /** Every Redis call fails with BackendError after this long. Default 2 seconds. */
+  readonly commandTimeout?: Duration.DurationInput | undefined
+  /** Most renewals sent in one script. Default 1000. */
+  readonly renewBatchSize?: number | undefined
+}
+
+interface Script {
+  readonly name: string
+  readonly lua: string
+  readonly sha: string
+}
+
+const script = (name: string, lua: string): Script => ({
+  name,
+  lua,
+  sha: createHash("sha1").update(lua).digest("hex")
+})
+
+const acquireScript = script("acquire", scripts.acquire)
+const releaseScript = script("release", scripts.release)
+const renewScript = script("renew", scripts.renew)
+const inspectScript = script("inspect", scripts.inspect)
+const forceReleaseScript = script("forceRelease", scripts.forceRelease)
+const cancelScript = script("cancel", scripts.cancel)
+
+/** The Redis keys of lock `key`, in the order the scripts expect them. */
+export const keysOf = (key: string) => [
+  key,
+  `redisson_lock_token:{${key}}`,
+  channelOf(key),
+  `lockstep_queue:{${key}}`,
+  `lockstep_queue_timeout:{${key}}`
+]
+
+export const channelOf = (key: string) => `redisson_lock__channel:{${key}}`
+
+const isNoScript = (error: unknown) => error instanceof Error && error.message.startsWith("NOSCRIPT")
+
+const asNumber = (value: unknown): number => Number(value)
+
+/**
+ * Builds the backend on `client` (borrowed: never closed here). A duplicate connection carries
+ * the subscriptions of all waiters; it is closed with the scope.
+ */
+export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend.Service, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const clientId = crypto.randomUUID()
+    const timeout = Duration.decode(tuning?.commandTimeout ?? "2 seconds")
+    const renewBatchSize = tuning?.renewBatchSize ?? 1000
+    const isCluster = "isCluster" in client && client.isCluster === true
+
+    /** One script call: EVALSHA, and EVAL when the server does not know the script yet. */
+    const run = (s: Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) =>
+      Effect.tryPromise({
+        try: () =>
+          client.evalsha(s.sha, keys.length, ...keys, ...args).catch((error: unknown) =>
+            isNoScript(error) ? client.eval(s.lua, keys.length, ...keys, ...args) : Promise.reject(error)
+          ),
+        catch: (cause) => new BackendError({ operation: s.name, cause })
+      }).pipe(
+        Effect.timeoutFail({
+          duration: timeout,
+          onTimeout: () =>
+            new BackendError({ operation: s.name, cause: new Error(`no answer from Redis within ${Duration.format(timeout)}`) })
+        })
+      )
+
+    const subscriber = client.duplicate()
+    subscriber.on("error", () => {
+      // connection errors surface through timeouts of the calls that need the connection
+    })
+    const wakeups = makeWakeups(
+      { subscribe: (channel) => subscriber.subscribe(channel), unsubscribe: (channel) => subscriber.unsubscribe(channel) },
+      (ready) =>
+        Effect.tryPromise({ try: () => ready, catch: (cause) => new BackendError({ operation: "subscribe", cause }) }).pipe(
+          Effect.timeoutFail({
+            duration: timeout,
+            onTimeout: () => new BackendError({ operation: "subscribe", cause: new Error("no answer from Redis") })
+          }),
+          Effect.asVoid
+        )
+    )
+    subscriber.on("message", (channel: string, message: string) => wakeups.onMessage(channel, message))
+    let connectedOnce = false
+    subscriber.on("ready", () => {
+      if (connectedOnce) wakeups.wakeAll()
+      connectedOnce = true
+    })
+    yield* Effect.addFinalizer(() => Effect.sync(() => subscriber.disconnect()))
+
+    const acquire = (request: LockBackend.AcquireRequest) =>
+      Effect.flatMap(
+        run(acquireScript, keysOf(request.key), [
+          request.holder,
+          request.mode === "exclusive" ? "x" : "s",
+          request.permits,
+          request.limit === Infinity ? -1 : request.limit,
+          request.leaseMs,
+          request.fair ? "1" : "0",
+          request.waiterTtlMs
+        ]),
+        (reply): Effect.Effect<LockBackend.AcquireResult, BackendError | InvalidLockOptions | LockUpgradeNotSupported> => {
+          const [code, a, b] = reply as [number, number?, number?]
+          switch (code) {
+            case 1:
+              if (request.mode === "shared") wakeups.wakeNext(channelOf(request.key))
+              return Effect.succeed({ _tag: "Granted", fence: asNumber(a), count: asNumber(b) })
+            case 0:
+              return Effect.succeed({ _tag: "Denied", retryAfterMs: asNumber(a) })
+            case 2:
+              return Effect.fail(new LockUpgradeNotSupported({ key: request.key, holder: request.holder }))
+            case 3:
+              return Effect.fail(
+                new InvalidLockOptions({
+                  field: "limit",
+                  reason: `"${request.key}" is held with limit ${asNumber(a) === -1 ? "unlimited" : a}, the request names ${request.limit}`
+                })
+              )
+            case 4:
+              return Effect.fail(
+                new InvalidLockOptions({ field: "permits", reason: `${request.permits} permits exceed the limit ${request.limit}` })
+              )
+            default:
+              return Effect.fail(new BackendError({ operation: "acquire", cause: new Error(`unexpected reply ${String(reply)}`) }))
+          }
+        }
+      )
+
+    const release = (request: LockBackend.ReleaseRequest) =>
+      Effect.flatMap(
+        run(releaseScript, keysOf(request.key), [request.holder, request.mode === "exclusive" ? "x" : "s"]),
+        (reply) =>
+          asNumber(reply) < 0
+            ? Effect.fail(new NotHeld({ key: request.key, holder: request.holder }))
+            : Effect.succeed(asNumber(reply))
+      )
+
+    /** Sends a batch of renewals: one script per cluster slot (all of them at once on a single server). */
+    const renewBatch = (requests: ReadonlyArray<LockBackend.RenewRequest>) => {
+      const groups: Array<Array<number>> = []
+      const open = new Map<number, Array<number>>()
+      requests.forEach((request, i) => {
+        const slot = isCluster ? calculateSlot(request.key) : 0
+        let group = open.get(slot)
+        if (group === undefined || group.length >= renewBatchSize) {
+          group = []
+          open.set(slot, group)
+          groups.push(group)
+        }
+        group.push(i)
+      })
+      return Effect.map(
+        Effect.forEach(
+          groups,
+          (indexes) =>
+            Effect.map(
+              run(
+                renewScript,
+                indexes.map((i) => requests[i]!.key),
+                indexes.flatMap((i) => [requests[i]!.holder, requests[i]!.leaseMs])
+              ),
+              (reply) => indexes.map((index, j) => [index, (reply as Array<number>)[j] === 1] as const)
+            ),
+          { concurrency: "unbounded" }
+        ),
+        (parts) => {
+          const out = new Array<boolean>(requests.length).fill(false)
+          for (const part of parts) for (const [index, ok] of part) out[index] = ok
+          return out
+        }
+      )
+    }
+
+    // Renewals arriving together (the watchdogs share a schedule) leave in one batch.
+    const pending = yield* Queue.unbounded<
+      { readonly request: LockBackend.RenewRequest; readonly done: Deferred.Deferred<boolean, BackendError> }
+    >()
+    yield* Effect.forkScoped(Effect.forever(Effect.gen(function*() {
+      const first = yield* Queue.take(pending)
+      yield* Effect.yieldNow()
+      const batch = [first, ...(yield* Queue.takeAll(pending))]
+      yield* renewBatch(batch.map((b) => b.request)).pipe(
+        Effect.matchEffect({
+          onFailure: (error) => Effect.forEach(batch, (b) => Deferred.fail(b.done, error), { discard: true }),
+          onSuccess: (results) => Effect.forEach(batch, (b, i) => Deferred.succeed(b.done, results[i] ?? false), { discard: true })
+        })
+      )
+    })))
+
+    const renew = (requests: ReadonlyArray<LockBackend.RenewRequest>) =>
+      Effect.forEach(requests, (request) =>
+        Effect.flatMap(Deferred.make<boolean, BackendError>(), (done) =>
+          Effect.zipRight(Queue.offer(pending, { request, done }), Deferred.await(done))), { concurrency: "unbounded" })
+
+    const inspect = (key: string) =>
+      Effect.map(run(inspectScript, keysOf(key), []), (reply): LockBackend.KeyState => {
+        const flat = reply as Array<string | number | null>
+        const count = asNumber(flat[2])
+        const holders: Array<LockBackend.HolderState> = []
+        for (let i = 0; i < count; i++) {
+          const at = 3 + i * 6
+          holders.push({
+            holder: String(flat[at]),
+            exclusive: asNumber(flat[at + 1]),
+            shared: asNumber(flat[at + 2]),
+            permits: asNumber(flat[at + 3]),
+            fence: asNumber(flat[at + 4]),
+            ttlMs: asNumber(flat[at + 5])
+          })
+        }
+        const queue: Array<LockBackend.WaiterState> = []
+        for (let at = 3 + count * 6; at + 1 < flat.length; at += 2) {
+          queue.push({ holder: String(flat[at]), ttlMs: asNumber(flat[at + 1]) })
+        }
+        const limit = flat[1] === null || flat[1] === undefined ? undefined : asNumber(flat[1])
+        return { key, fence: asNumber(flat[0]), limit: limit === -1 ? Infinity : limit, holders, queue }
+      })
+
+    return {
+      clientId,
+      acquire,
+      release,
+      renew,
+      inspect,
+      forceRelease: (key) => Effect.map(run(forceReleaseScript, keysOf(key), []), (reply) => asNumber(reply) === 1),
+      cancel: (key, holder) => Effect.asVoid(run(cancelScript, keysOf(key), [holder])),
+      subscribe: (key, holder, mode) =>
+        Effect.mapError(wakeups.subscribe(channelOf(key), holder, mode), (cause) =>
+          cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause }))
+    } satisfies LockBackend.Service
+  })

@@ -1,0 +1,16 @@
+import { describe } from "@effect/vitest"
+import { Effect, Layer } from "effect"
+import { RedisBackend } from "@lockstep/redis"
+import { Conformance, RedisServer } from "@lockstep/testkit"
+
+const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"
+const available = await Effect.runPromise(RedisServer.available)
+if (!available) {
+  console.warn("Redis conformance suite NOT RUN: redis-server not found (set REDIS_SERVER_BIN)")
+}
+
+describe.runIf(available || required)("Redis backend on a real redis-server", () => {
+  // each test gets a server of its own, started on a free loopback port and killed afterwards
+  const server = Layer.unwrapScoped(Effect.map(RedisServer.make(), (s) => RedisBackend.layerFrom(s.url))).pipe(Layer.orDie)
+  Conformance.suite({ name: "redis", layer: server, clock: "live" })
+})
