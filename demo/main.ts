@@ -3,12 +3,14 @@
  * through a recorder, and the history is checked for mutual exclusion, permit limits and fence
  * order. Exits 0 when every check passes, 1 otherwise.
  *
- *   pnpm demo
+ *   pnpm demo                                  # the memory backend
+ *   REDIS_URL=redis://127.0.0.1:6379 pnpm demo # Redis
  */
 import type { Scope } from "effect"
 import { Console, Duration, Effect, Exit, Layer, Random } from "effect"
 import { FairLock, type Lease, Lock, LockBackend, ReadWriteLock, Semaphore } from "@lockstep/core"
 import { MemoryBackend } from "@lockstep/memory"
+import { RedisBackend } from "@lockstep/redis"
 import * as History from "@lockstep/testkit/History"
 
 interface Stats {
@@ -88,15 +90,18 @@ const demo = (history: History.Recorder) => Effect.gen(function*() {
   yield* Console.log("all checks passed")
 })
 
-/** The memory backend, with every grant and release recorded for the final check. */
+const redisUrl = process.env["REDIS_URL"]
+
+/** The backend (Redis when REDIS_URL is set), with every grant and release recorded for the final check. */
 const program = Effect.gen(function*() {
   const history = yield* History.make
   const backend = Layer.effect(
     LockBackend.LockBackend,
     Effect.map(LockBackend.LockBackend, (service) => History.instrument(history, service))
-  ).pipe(Layer.provide(MemoryBackend.layer))
+  ).pipe(Layer.provide(redisUrl === undefined ? MemoryBackend.layer : RedisBackend.layerConfig()))
   const started = Date.now()
-  yield* Console.log("lockstep demo on the memory backend: workers contend for each kind of lock\n")
+  const where = redisUrl === undefined ? "the memory backend" : `Redis at ${redisUrl}`
+  yield* Console.log(`lockstep demo on ${where}: workers contend for each kind of lock\n`)
   yield* Effect.provide(demo(history), backend)
   yield* Console.log(`done in ${((Date.now() - started) / 1000).toFixed(1)} s`)
 })

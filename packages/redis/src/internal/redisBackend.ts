@@ -225,7 +225,7 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
         for (let at = 3 + count * 6; at + 1 < flat.length; at += 2) {
           queue.push({ holder: String(flat[at]), ttlMs: asNumber(flat[at + 1]) })
         }
-        const limit = flat[1] === null || flat[1] === undefined ? undefined : asNumber(flat[1])
+        const limit = flat[1] === null || flat[1] === undefined || flat[1] === "" ? undefined : asNumber(flat[1])
         return { key, fence: asNumber(flat[0]), limit: limit === -1 ? Infinity : limit, holders, queue }
       })
 

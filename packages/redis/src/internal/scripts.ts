@@ -21,9 +21,22 @@
 const prelude = `
 local P = 'lockstep|'
 
+-- Times are floats and written with %.0f: Lua 5.1 (Redis) and Lua 5.3 with 32-bit integers
+-- (the Lua VM of ioredis-mock) then agree on epoch milliseconds.
 local function now_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000.0 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+-- ioredis-mock's Lua bridge only converts tables built by a constructor, so copy into one
+-- (unpack is bounded by the Lua stack: larger replies go out as they are, fine on Redis)
+local function reply(t)
+  if #t <= 7000 then return { unpack(t) } end
+  return t
 end
 
 local function split(v)
@@ -94,28 +107,28 @@ local function save(key, st, now)
   for h, r in pairs(st.holders) do
     if r.x > 0 then
       args[#args + 1] = h
-      args[#args + 1] = r.x
+      args[#args + 1] = fmt(r.x)
     end
     if r.s > 0 then
       args[#args + 1] = P .. 's|' .. h
-      args[#args + 1] = r.s .. '|' .. r.p
+      args[#args + 1] = fmt(r.s) .. '|' .. fmt(r.p)
     end
     if r.f > 0 then
       args[#args + 1] = P .. 'm|' .. h
-      args[#args + 1] = r.f .. '|' .. r.e
+      args[#args + 1] = fmt(r.f) .. '|' .. fmt(r.e)
     end
     if latest == nil or r.e > latest then latest = r.e end
   end
   if latest == nil then return end
   if st.limit ~= nil then
     args[#args + 1] = P .. 'limit'
-    args[#args + 1] = st.limit
+    args[#args + 1] = fmt(st.limit)
   end
   -- in chunks: unpack has a stack limit
   for i = 1, #args, 200 do
     redis.call('HSET', key, unpack(args, i, math.min(i + 199, #args)))
   end
-  redis.call('PEXPIRE', key, math.max(1, latest - now))
+  redis.call('PEXPIRE', key, fmt(math.max(1, latest - now)))
 end
 
 -- The live fair queue, in order: { { h = holder, e = expiresAt } ... }; expired entries dropped.
@@ -183,7 +196,7 @@ if me ~= nil then
     me.e = math.max(me.e, expiresAt)
     save(key, st, now)
     dequeue(qkey, tkey, holder)
-    return {1, me.f, count}
+    return {1, fmt(me.f), count}
   end
 end
 
@@ -208,14 +221,14 @@ end
 
 if me ~= nil then
   -- a writer taking the read lock: the queue does not apply to a current holder
-  if not allowed then finish() return {0, math.max(1, blocking - now)} end
+  if not allowed then finish() return {0, fmt(math.max(1, blocking - now))} end
   me.s = 1
   me.p = permits
   me.e = math.max(me.e, expiresAt)
   st.limit = limit
   save(key, st, now)
   dequeue(qkey, tkey, holder)
-  return {1, me.f, 1}
+  return {1, fmt(me.f), 1}
 end
 
 -- a new grant: the mode rules, then the fair queue
@@ -233,17 +246,17 @@ if allowed and #ahead == 0 then
   st.holders[holder] = r
   save(key, st, now)
   dequeue(qkey, tkey, holder)
-  return {1, fence, 1}
+  return {1, fmt(fence), 1}
 end
 if fair then
-  if redis.call('HSET', tkey, holder, now + waiterTtl) == 1 then redis.call('RPUSH', qkey, holder) end
+  if redis.call('HSET', tkey, holder, fmt(now + waiterTtl)) == 1 then redis.call('RPUSH', qkey, holder) end
 end
 for _, w in ipairs(ahead) do
   if blocking == nil or w.e < blocking then blocking = w.e end
 end
 finish()
 if blocking == nil then blocking = now + 1 end
-return {0, math.max(1, blocking - now)}
+return {0, fmt(math.max(1, blocking - now))}
 `
 
 /**
@@ -297,18 +310,18 @@ for i, key in ipairs(KEYS) do
     local m = split(meta)
     if m[2] > now then
       local e = math.max(m[2], now + lease)
-      redis.call('HSET', key, P .. 'm|' .. holder, m[1] .. '|' .. e)
-      if redis.call('PTTL', key) < e - now then redis.call('PEXPIRE', key, e - now) end
+      redis.call('HSET', key, P .. 'm|' .. holder, fmt(m[1]) .. '|' .. fmt(e))
+      if redis.call('PTTL', key) < e - now then redis.call('PEXPIRE', key, fmt(e - now)) end
       out[i] = 1
     end
   end
 end
-return out
+return reply(out)
 `
 
 /**
  * KEYS: K, token, channel, queue, queue timeout.
- * Returns {fence, limit or false, holders as flat {holder, x, s, p, f, ttl}..., '|', queue as flat {holder, ttl}...}.
+ * Returns {fence, limit or '', holders as flat {holder, x, s, p, f, ttl}..., '|', queue as flat {holder, ttl}...}.
  */
 export const inspect = `${prelude}
 local key, token, channel, qkey, tkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -318,10 +331,13 @@ if changed then
   save(key, st, now)
   notify(channel, qkey, tkey, now)
 end
-local out = { tonumber(redis.call('GET', token) or '0'), st.limit or false }
+-- '' for no limit: ioredis-mock's Lua bridge drops arrays that hold false
+local limit = ''
+if st.limit ~= nil then limit = fmt(st.limit) end
+local out = { redis.call('GET', token) or '0', limit }
 local holders = {}
 for h, r in pairs(st.holders) do
-  holders[#holders + 1] = { h, r.x, r.s, r.p, r.f, r.e - now }
+  holders[#holders + 1] = { h, fmt(r.x), fmt(r.s), fmt(r.p), fmt(r.f), fmt(r.e - now) }
 end
 out[#out + 1] = #holders
 for _, r in ipairs(holders) do
@@ -329,9 +345,9 @@ for _, r in ipairs(holders) do
 end
 for _, w in ipairs(load_queue(qkey, tkey, now)) do
   out[#out + 1] = w.h
-  out[#out + 1] = w.e - now
+  out[#out + 1] = fmt(w.e - now)
 end
-return out
+return reply(out)
 `
 
 /** KEYS: K, token, channel, queue, queue timeout. Drops every holder; 1 if anything was held. */
