@@ -6,8 +6,16 @@
  * release counts, renew booleans, and the inspected state of every key after every step) must be
  * the same. A failing sequence is shrunk, and the smallest one is reported in the error message.
  *
- * The backend's clock and the driver's `Clock` must agree: under `TestClock` (memory backend) pass
- * `advance: TestClock.adjust` and results match to the millisecond.
+ * Timing comes in two kinds:
+ * - exact (the default): the backend's clock and the driver's `Clock` agree. Under `TestClock`
+ *   (memory backend) pass `advance: TestClock.adjust`; sequences include `Advance` commands, short
+ *   leases expire, and results match to the millisecond.
+ * - live (`timing: { toleranceMs }`): the backend judges time on a clock of its own (Redis: the
+ *   server's `TIME`). No `Advance` commands are generated and leases and waiter TTLs are 60 s or
+ *   more, so nothing expires during a sequence; the model's `now` is Effect's `Clock` at each step.
+ *   Durations (`retryAfterMs`, the `ttlMs` of `inspect`) must be positive and within `toleranceMs`
+ *   of the model's; everything else (grants, denials, fences, counts, error tags, release counts,
+ *   renew booleans, holders, permits, queue order) must still be the same.
  *
  * @since 0.1.0
  */
@@ -88,6 +96,8 @@ export class ModelMismatch extends Data.TaggedError("ModelMismatch")<{
   readonly run?: number | undefined
   /** How many shrinking steps led to `commands` (`run` only). */
   readonly shrinks?: number | undefined
+  /** Live timing: the tolerance durations were compared with. */
+  readonly toleranceMs?: number | undefined
 }> {
   override get message(): string {
     const origin = this.seed === undefined
@@ -100,10 +110,48 @@ export class ModelMismatch extends Data.TaggedError("ModelMismatch")<{
       `backend and model disagree on the ${this.what} at step ${this.step}${origin}`,
       ...lines,
       `  expected (model): ${this.expected}`,
-      `  actual (backend): ${this.actual}`
+      `  actual (backend): ${this.actual}`,
+      ...(this.toleranceMs === undefined
+        ? []
+        : [`  (live timing: durations must be > 0 and within ${this.toleranceMs} ms of the model's)`])
     ].join("\n")
   }
 }
+
+/**
+ * Live timing: the backend keeps time on a clock of its own, so durations are compared within
+ * `toleranceMs` (and must be positive) instead of exactly.
+ *
+ * @example
+ * ```ts
+ * import type { ModelCheck } from "@lockstep/testkit"
+ *
+ * const timing: ModelCheck.LiveTiming = { toleranceMs: 1_000 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface LiveTiming {
+  /** Largest difference allowed between a duration the backend reports and the model's. */
+  readonly toleranceMs: number
+}
+
+/**
+ * How the backend's clock relates to the driver's `Clock`: `"exact"` (the default; they are the
+ * same clock, moved by `advance`) or live (`{ toleranceMs }`).
+ *
+ * @example
+ * ```ts
+ * import type { ModelCheck } from "@lockstep/testkit"
+ *
+ * const onRedis: ModelCheck.Timing = { toleranceMs: 1_000 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type Timing = "exact" | LiveTiming
 
 /**
  * What random sequences look like.
@@ -127,25 +175,27 @@ export interface Generation {
   readonly maxCommands?: number | undefined
   /** Whether shared requests may be `fair` (default true; exclusive ones always may). */
   readonly fairShared?: boolean | undefined
+  /**
+   * `"exact"` (default): leases of 10 to 100 ms, waiter TTLs of 10 or 30 ms, and `Advance`
+   * commands. Live: no `Advance` commands, leases of 60, 90 or 120 s and waiter TTLs of 60 or 90 s.
+   */
+  readonly timing?: Timing | undefined
 }
 
 /**
- * How to run model-based tests.
+ * Settings shared by both timings.
  *
  * @example
  * ```ts
- * import { TestClock } from "effect"
  * import type { ModelCheck } from "@lockstep/testkit"
  *
- * const options: ModelCheck.Options = { advance: TestClock.adjust, numRuns: 200 }
+ * const settings: ModelCheck.RunSettings = { numRuns: 50, maxCommands: 20 }
  * ```
  *
  * @since 0.1.0
  * @category models
  */
-export interface Options extends Generation {
-  /** Moves the backend's clock (and Effect's `Clock`) forward: `TestClock.adjust`, or `Effect.sleep` live. */
-  readonly advance: (ms: number) => Effect.Effect<void>
+export interface RunSettings extends Generation {
   /** Sequences to run (default 100). */
   readonly numRuns?: number | undefined
   /** Seed for generation; random by default (reported on failure). */
@@ -154,9 +204,83 @@ export interface Options extends Generation {
   readonly maxShrinkAttempts?: number | undefined
   /** Compare `inspect` of every key after every step (default true). */
   readonly inspectEveryStep?: boolean | undefined
-  /** Prefix of the keys (default `"lockstep-model"`); each sequence adds a random part. */
+  /** Prefix of the keys (default `"lockstep-model"`); each sequence adds a random UUID. */
   readonly keyPrefix?: string | undefined
 }
+
+/**
+ * Exact timing: the backend's clock is Effect's `Clock`, moved by `advance`.
+ *
+ * @example
+ * ```ts
+ * import { TestClock } from "effect"
+ * import type { ModelCheck } from "@lockstep/testkit"
+ *
+ * const options: ModelCheck.ExactOptions = { advance: TestClock.adjust, numRuns: 200 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ExactOptions extends RunSettings {
+  readonly timing?: "exact" | undefined
+  /** Moves the backend's clock (and Effect's `Clock`) forward: `TestClock.adjust`, or `Effect.sleep` live. */
+  readonly advance: (ms: number) => Effect.Effect<void>
+}
+
+/**
+ * Live timing: the backend keeps its own time (a real server); durations are compared within a
+ * tolerance and nothing expires during a sequence. Run it with a live `Clock` (`it.live`).
+ *
+ * @example
+ * ```ts
+ * import type { ModelCheck } from "@lockstep/testkit"
+ *
+ * const options: ModelCheck.LiveOptions = { timing: { toleranceMs: 1_000 }, numRuns: 100, maxCommands: 20 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface LiveOptions extends RunSettings {
+  readonly timing: LiveTiming
+  /** Only for `Advance` commands handed to `execute` (never generated live); default `Effect.sleep`. */
+  readonly advance?: ((ms: number) => Effect.Effect<void>) | undefined
+}
+
+/**
+ * How to run model-based tests: exact timing with `advance`, or live timing with a tolerance.
+ *
+ * @example
+ * ```ts
+ * import { TestClock } from "effect"
+ * import type { ModelCheck } from "@lockstep/testkit"
+ *
+ * const options: ModelCheck.Options = { advance: TestClock.adjust, numRuns: 200 }
+ * const live: ModelCheck.Options = { timing: { toleranceMs: 1_000 }, numRuns: 100 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type Options = ExactOptions | LiveOptions
+
+/**
+ * What `execute` needs: the timing (and `advance` for exact timing) and the comparison settings.
+ *
+ * @example
+ * ```ts
+ * import type { ModelCheck } from "@lockstep/testkit"
+ *
+ * const replay: ModelCheck.ExecuteOptions = { timing: { toleranceMs: 1_000 } }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type ExecuteOptions =
+  | Pick<ExactOptions, "timing" | "advance" | "inspectEveryStep" | "keyPrefix">
+  | Pick<LiveOptions, "timing" | "advance" | "inspectEveryStep" | "keyPrefix">
 
 const defaultLimits: ReadonlyArray<number> = [2, Infinity, 3]
 
@@ -178,10 +302,12 @@ export const commands = (generation: Generation = {}): fc.Arbitrary<ReadonlyArra
   const keys = Math.max(1, generation.keys ?? 2)
   const holders = Math.max(1, generation.holders ?? 3)
   const fairShared = generation.fairShared ?? true
+  const live = internal.toleranceOf(generation.timing) !== undefined
   const key = fc.nat({ max: keys - 1 })
   const holder = fc.nat({ max: holders - 1 })
   const mode = fc.constantFrom<HoldMode>("exclusive", "shared")
-  const leaseMs = fc.constantFrom(10, 20, 50, 100)
+  // Live: long enough that nothing expires during a sequence, and far apart compared to any tolerance.
+  const leaseMs = live ? fc.constantFrom(60_000, 90_000, 120_000) : fc.constantFrom(10, 20, 50, 100)
   const acquire = fc
     .record({
       key,
@@ -194,7 +320,7 @@ export const commands = (generation: Generation = {}): fc.Arbitrary<ReadonlyArra
       ),
       leaseMs,
       fair: fc.boolean(),
-      waiterTtlMs: fc.constantFrom(10, 30)
+      waiterTtlMs: live ? fc.constantFrom(60_000, 90_000) : fc.constantFrom(10, 30)
     })
     .map((r) => {
       const limit = r.otherLimit ?? defaultLimits[r.key % defaultLimits.length] ?? Infinity
@@ -226,14 +352,16 @@ export const commands = (generation: Generation = {}): fc.Arbitrary<ReadonlyArra
     { weight: 1, arbitrary: inspect },
     { weight: 1, arbitrary: forceRelease },
     { weight: 2, arbitrary: cancel },
-    { weight: 4, arbitrary: advance }
+    // Live: time passes on its own; moving it on purpose would only make expiry a race.
+    ...(live ? [] : [{ weight: 4, arbitrary: advance }])
   )
   return fc.array(command, { minLength: 1, maxLength: Math.max(1, generation.maxCommands ?? 40), size: "max" })
 }
 
 /**
  * Runs one command sequence against the model and the backend (fresh keys), failing with
- * `ModelMismatch` at the first difference. Use it to replay a reported counterexample.
+ * `ModelMismatch` at the first difference. Use it to replay a reported counterexample, with the
+ * timing of the run that found it.
  *
  * @example
  * ```ts
@@ -246,6 +374,12 @@ export const commands = (generation: Generation = {}): fc.Arbitrary<ReadonlyArra
  *   })],
  *   { advance: TestClock.adjust }
  * )
+ * const replayLive = ModelCheck.execute(
+ *   [ModelCheck.Command.Acquire({
+ *     key: 0, holder: 0, mode: "exclusive", permits: 1, limit: 1, leaseMs: 60_000, fair: false, waiterTtlMs: 60_000
+ *   })],
+ *   { timing: { toleranceMs: 1_000 } }
+ * )
  * ```
  *
  * @since 0.1.0
@@ -253,14 +387,15 @@ export const commands = (generation: Generation = {}): fc.Arbitrary<ReadonlyArra
  */
 export const execute = (
   commands: ReadonlyArray<Command>,
-  options: Pick<Options, "advance" | "inspectEveryStep" | "keyPrefix">
+  options: ExecuteOptions
 ): Effect.Effect<void, ModelMismatch, LockBackend> =>
   Effect.mapError(internal.execute(commands, options), (d) => new ModelMismatch(d))
 
 /**
  * Runs `numRuns` random sequences against the model and the backend in context. The first
  * failing sequence is shrunk; the run fails with a `ModelMismatch` carrying the shrunk sequence,
- * the seed and both results.
+ * the seed and both results. Each sequence (and each shrinking candidate) uses fresh keys under a
+ * random UUID, so runs on a shared server do not interfere.
  *
  * @example
  * ```ts
@@ -271,6 +406,12 @@ export const execute = (
  *
  * it.effect("memory backend follows the model", () =>
  *   ModelCheck.run({ numRuns: 200, advance: TestClock.adjust }).pipe(Effect.provide(MemoryBackend.layer)))
+ *
+ * // a backend on a clock of its own (a real server): live timing, under a live Clock
+ * it.live("memory backend follows the model in live timing", () =>
+ *   ModelCheck.run({ timing: { toleranceMs: 1_000 }, numRuns: 100, maxCommands: 20 }).pipe(
+ *     Effect.provide(MemoryBackend.layer)
+ *   ))
  * ```
  *
  * @since 0.1.0
@@ -286,9 +427,9 @@ export const run = (options: Options): Effect.Effect<void, ModelMismatch, LockBa
       const outcome = yield* Effect.either(test(sample.value))
       if (Either.isLeft(outcome)) {
         const shrunk = yield* shrinking.shrink(arbitrary, sample, outcome.left, test, options.maxShrinkAttempts ?? 1000)
-        const { actual, commands, expected, step, what } = shrunk.error
+        const { actual, commands, expected, step, toleranceMs, what } = shrunk.error
         return yield* Effect.fail(
-          new ModelMismatch({ commands, step, what, expected, actual, seed, run, shrinks: shrunk.shrinks })
+          new ModelMismatch({ commands, step, what, expected, actual, toleranceMs, seed, run, shrinks: shrunk.shrinks })
         )
       }
     }

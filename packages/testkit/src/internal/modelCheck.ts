@@ -4,7 +4,7 @@
  * @since 0.1.0
  * @internal
  */
-import { Clock, Data, Effect, Either, Random } from "effect"
+import { Clock, Data, Effect, Either } from "effect"
 import type { AcquireRequest, AcquireResult, HoldMode, KeyState } from "@lockstep/core/LockBackend"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import * as Model from "../Model.js"
@@ -58,12 +58,45 @@ export interface Divergence {
   readonly what: string
   readonly expected: string
   readonly actual: string
+  /** Set in live timing: durations were compared within this many milliseconds. */
+  readonly toleranceMs?: number | undefined
 }
 
+/**
+ * `"exact"`: the backend's clock is Effect's `Clock`, moved by `advance`; results match to the
+ * millisecond. `{ toleranceMs }`: the backend judges time on a clock of its own (a server's real
+ * clock); durations are compared within `toleranceMs` and must be positive, everything else exactly.
+ */
+export type Timing = "exact" | { readonly toleranceMs: number }
+
 export interface ExecuteOptions {
-  readonly advance: (ms: number) => Effect.Effect<void>
+  /** Required for `"exact"` timing; in live timing `Advance` commands sleep by default. */
+  readonly advance?: ((ms: number) => Effect.Effect<void>) | undefined
+  readonly timing?: Timing | undefined
   readonly inspectEveryStep?: boolean | undefined
   readonly keyPrefix?: string | undefined
+}
+
+/** The tolerance of live timing, or `undefined` for exact timing. */
+export const toleranceOf = (timing: Timing | undefined): number | undefined =>
+  timing === undefined || timing === "exact" ? undefined : Math.max(0, timing.toleranceMs)
+
+/** Where rendered results carry durations: `retryAfterMs=<n>` and `ttl=<n>`. */
+const durationPattern = /\b(retryAfterMs|ttl)=([^\s,)}\]]*)/g
+
+/**
+ * Whether two rendered results agree in live timing: equal once every duration is blanked out,
+ * and every duration of `actual` positive and within `toleranceMs` of the one in `expected`.
+ */
+export const agreeWithin = (expected: string, actual: string, toleranceMs: number): boolean => {
+  const skeleton = (rendered: string) => rendered.replace(durationPattern, "$1=~")
+  if (skeleton(expected) !== skeleton(actual)) return false
+  const durations = (rendered: string) => Array.from(rendered.matchAll(durationPattern), (m) => Number(m[2]))
+  const actualDurations = durations(actual)
+  return durations(expected).every((ms, i) => {
+    const got = actualDurations[i]
+    return got !== undefined && got > 0 && Math.abs(got - ms) <= toleranceMs
+  })
 }
 
 const short = (holder: number): string => `h${holder}`
@@ -115,8 +148,13 @@ export const execute = (
 ): Effect.Effect<void, Divergence, LockBackend> =>
   Effect.gen(function*() {
     const backend = yield* LockBackend
-    const nonce = yield* Random.nextIntBetween(0, 2 ** 31 - 1)
-    const prefix = `${options.keyPrefix ?? "lockstep-model"}:${nonce.toString(36)}`
+    const toleranceMs = toleranceOf(options.timing)
+    const advance = options.advance ??
+      (toleranceMs === undefined
+        ? () => Effect.dieMessage("ModelCheck: exact timing needs `advance` to move the backend's clock")
+        : (ms: number) => Effect.sleep(ms))
+    // Fresh keys per sequence, unique across processes sharing a server (whatever Random is seeded with).
+    const prefix = `${options.keyPrefix ?? "lockstep-model"}:${crypto.randomUUID()}`
     const keyName = (key: number): string => `${prefix}:k${key}`
     const holderName = (holder: number): string => `${backend.clientId}:${holder + 1}`
     const holderLabel = (name: string): string =>
@@ -144,7 +182,16 @@ export const execute = (
     let model = Model.empty
     const resolved: Array<Command> = []
     const compare = (step: number, what: string, expected: string, actual: string) =>
-      expected === actual ? Effect.void : Effect.fail<Divergence>({ commands: resolved, step, what, expected, actual })
+      (toleranceMs === undefined ? expected === actual : agreeWithin(expected, actual, toleranceMs))
+        ? Effect.void
+        : Effect.fail<Divergence>({
+          commands: resolved,
+          step,
+          what,
+          expected,
+          actual,
+          ...(toleranceMs === undefined ? {} : { toleranceMs })
+        })
 
     // Live holds and queue entries of the model, as pool indices, for `pick`.
     const keyIndex = (name: string): number => Number(name.slice(prefix.length + 2))
@@ -197,85 +244,95 @@ export const execute = (
         yield* compare(step, what, renderState(expected.result), renderEither(actual, renderState))
       })
 
-    for (const [step, original] of commands.entries()) {
-      const now = yield* Clock.currentTimeMillis
-      const command = resolve(original, now)
-      resolved.push(command)
-      switch (command._tag) {
-        case "Advance": {
-          yield* options.advance(command.ms)
-          break
-        }
-        case "Acquire": {
-          const request: AcquireRequest = {
-            key: keyName(command.key),
-            holder: holderName(command.holder),
-            mode: command.mode,
-            permits: command.permits,
-            limit: command.limit,
-            leaseMs: command.leaseMs,
-            fair: command.fair,
-            waiterTtlMs: command.waiterTtlMs
+    const steps = Effect.gen(function*() {
+      for (const [step, original] of commands.entries()) {
+        const now = yield* Clock.currentTimeMillis
+        const command = resolve(original, now)
+        resolved.push(command)
+        switch (command._tag) {
+          case "Advance": {
+            yield* advance(command.ms)
+            break
           }
-          const expected = Model.acquire(model, request, now)
-          model = expected.state
-          const actual = yield* Effect.either(backend.acquire(request))
-          yield* compare(
-            step,
-            "acquire result",
-            renderEither(expected.result, renderAcquire),
-            renderEither(actual, renderAcquire)
-          )
-          break
+          case "Acquire": {
+            const request: AcquireRequest = {
+              key: keyName(command.key),
+              holder: holderName(command.holder),
+              mode: command.mode,
+              permits: command.permits,
+              limit: command.limit,
+              leaseMs: command.leaseMs,
+              fair: command.fair,
+              waiterTtlMs: command.waiterTtlMs
+            }
+            const expected = Model.acquire(model, request, now)
+            model = expected.state
+            const actual = yield* Effect.either(backend.acquire(request))
+            yield* compare(
+              step,
+              "acquire result",
+              renderEither(expected.result, renderAcquire),
+              renderEither(actual, renderAcquire)
+            )
+            break
+          }
+          case "Release": {
+            const request = { key: keyName(command.key), holder: holderName(command.holder), mode: command.mode }
+            const expected = Model.release(model, request, now)
+            model = expected.state
+            const actual = yield* Effect.either(backend.release(request))
+            yield* compare(step, "release result", renderEither(expected.result, String), renderEither(actual, String))
+            break
+          }
+          case "Renew": {
+            const requests = command.leases.map((l) => ({
+              key: keyName(l.key),
+              holder: holderName(l.holder),
+              leaseMs: l.leaseMs
+            }))
+            const expected = Model.renew(model, requests, now)
+            model = expected.state
+            const actual = yield* Effect.either(backend.renew(requests))
+            const render = (results: ReadonlyArray<boolean>) => `[${results.join(", ")}]`
+            yield* compare(step, "renew result", render(expected.result), renderEither(actual, render))
+            break
+          }
+          case "Inspect": {
+            yield* compareInspect(step, command.key, `inspect ${keyLabel(command.key)}`)
+            break
+          }
+          case "ForceRelease": {
+            const expected = Model.forceRelease(model, keyName(command.key), now)
+            model = expected.state
+            const actual = yield* Effect.either(backend.forceRelease(keyName(command.key)))
+            yield* compare(step, "forceRelease result", String(expected.result), renderEither(actual, String))
+            break
+          }
+          case "Cancel": {
+            const expected = Model.cancel(model, keyName(command.key), holderName(command.holder), now)
+            model = expected.state
+            const actual = yield* Effect.either(backend.cancel(keyName(command.key), holderName(command.holder)))
+            yield* compare(step, "cancel result", "void", renderEither(actual, () => "void"))
+            break
+          }
         }
-        case "Release": {
-          const request = { key: keyName(command.key), holder: holderName(command.holder), mode: command.mode }
-          const expected = Model.release(model, request, now)
-          model = expected.state
-          const actual = yield* Effect.either(backend.release(request))
-          yield* compare(step, "release result", renderEither(expected.result, String), renderEither(actual, String))
-          break
-        }
-        case "Renew": {
-          const requests = command.leases.map((l) => ({
-            key: keyName(l.key),
-            holder: holderName(l.holder),
-            leaseMs: l.leaseMs
-          }))
-          const expected = Model.renew(model, requests, now)
-          model = expected.state
-          const actual = yield* Effect.either(backend.renew(requests))
-          const render = (results: ReadonlyArray<boolean>) => `[${results.join(", ")}]`
-          yield* compare(step, "renew result", render(expected.result), renderEither(actual, render))
-          break
-        }
-        case "Inspect": {
-          yield* compareInspect(step, command.key, `inspect ${keyLabel(command.key)}`)
-          break
-        }
-        case "ForceRelease": {
-          const expected = Model.forceRelease(model, keyName(command.key), now)
-          model = expected.state
-          const actual = yield* Effect.either(backend.forceRelease(keyName(command.key)))
-          yield* compare(step, "forceRelease result", String(expected.result), renderEither(actual, String))
-          break
-        }
-        case "Cancel": {
-          const expected = Model.cancel(model, keyName(command.key), holderName(command.holder), now)
-          model = expected.state
-          const actual = yield* Effect.either(backend.cancel(keyName(command.key), holderName(command.holder)))
-          yield* compare(step, "cancel result", "void", renderEither(actual, () => "void"))
-          break
+        if (options.inspectEveryStep !== false && command._tag !== "Inspect") {
+          for (const key of inspectedKeys) {
+            yield* compareInspect(step, key, `state of ${keyLabel(key)} after the step`)
+          }
         }
       }
-      if (options.inspectEveryStep !== false && command._tag !== "Inspect") {
-        for (const key of inspectedKeys) {
-          yield* compareInspect(step, key, `state of ${keyLabel(key)} after the step`)
-        }
-      }
-    }
-    // Leave nothing held behind on a shared backend.
-    yield* Effect.forEach(inspectedKeys, (key) => Effect.ignore(backend.forceRelease(keyName(key))), {
-      discard: true
     })
+    // Leave nothing held or queued behind on a shared backend, whatever the outcome.
+    const cleanup = Effect.forEach(
+      inspectedKeys,
+      (key) =>
+        Effect.ignore(Effect.gen(function*() {
+          const state = yield* backend.inspect(keyName(key))
+          yield* Effect.forEach(state.queue, (w) => backend.cancel(keyName(key), w.holder), { discard: true })
+          yield* backend.forceRelease(keyName(key))
+        })),
+      { discard: true }
+    )
+    yield* Effect.ensuring(steps, cleanup)
   })
