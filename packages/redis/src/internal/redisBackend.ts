@@ -62,21 +62,40 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
     const renewBatchSize = tuning?.renewBatchSize ?? 1000
     const isCluster = "isCluster" in client && client.isCluster === true
 
+    /**
+     * Settles with the promise, or fails with BackendError once the command timeout passes. The
+     * timer settles the effect itself rather than interrupting it: callers run grants and the
+     * registration of their release uninterruptibly (so an interruption never leaks a grant), and
+     * a silent server must still not stall them.
+     */
+    const bounded = <A>(operation: string, promise: () => Promise<A>) =>
+      Effect.async<A, BackendError>((resume) => {
+        const timer = setTimeout(
+          () =>
+            resume(Effect.fail(
+              new BackendError({ operation, cause: new Error(`no answer from Redis within ${Duration.format(timeout)}`) })
+            )),
+          Duration.toMillis(timeout)
+        )
+        promise().then(
+          (value) => {
+            clearTimeout(timer)
+            resume(Effect.succeed(value))
+          },
+          (cause: unknown) => {
+            clearTimeout(timer)
+            resume(Effect.fail(new BackendError({ operation, cause })))
+          }
+        )
+        return Effect.sync(() => clearTimeout(timer))
+      })
+
     /** One script call: EVALSHA, and EVAL when the server does not know the script yet. */
     const run = (s: Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) =>
-      Effect.tryPromise({
-        try: () =>
-          client.evalsha(s.sha, keys.length, ...keys, ...args).catch((error: unknown) =>
-            isNoScript(error) ? client.eval(s.lua, keys.length, ...keys, ...args) : Promise.reject(error)
-          ),
-        catch: (cause) => new BackendError({ operation: s.name, cause })
-      }).pipe(
-        Effect.timeoutFail({
-          duration: timeout,
-          onTimeout: () =>
-            new BackendError({ operation: s.name, cause: new Error(`no answer from Redis within ${Duration.format(timeout)}`) })
-        })
-      )
+      bounded(s.name, () =>
+        client.evalsha(s.sha, keys.length, ...keys, ...args).catch((error: unknown) =>
+          isNoScript(error) ? client.eval(s.lua, keys.length, ...keys, ...args) : Promise.reject(error)
+        ))
 
     const subscriber = client.duplicate()
     subscriber.on("error", () => {
@@ -84,14 +103,7 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
     })
     const wakeups = makeWakeups(
       { subscribe: (channel) => subscriber.subscribe(channel), unsubscribe: (channel) => subscriber.unsubscribe(channel) },
-      (ready) =>
-        Effect.tryPromise({ try: () => ready, catch: (cause) => new BackendError({ operation: "subscribe", cause }) }).pipe(
-          Effect.timeoutFail({
-            duration: timeout,
-            onTimeout: () => new BackendError({ operation: "subscribe", cause: new Error("no answer from Redis") })
-          }),
-          Effect.asVoid
-        )
+      (ready) => Effect.asVoid(bounded("subscribe", () => ready))
     )
     subscriber.on("message", (channel: string, message: string) => wakeups.onMessage(channel, message))
     let connectedOnce = false
@@ -192,7 +204,9 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
       const first = yield* Queue.take(pending)
       yield* Effect.yieldNow()
       const batch = [first, ...(yield* Queue.takeAll(pending))]
+      // whatever happens to the batch, every renewal in it gets an answer
       yield* renewBatch(batch.map((b) => b.request)).pipe(
+        Effect.catchAllDefect((cause) => Effect.fail(new BackendError({ operation: "renew", cause }))),
         Effect.matchEffect({
           onFailure: (error) => Effect.forEach(batch, (b) => Deferred.fail(b.done, error), { discard: true }),
           onSuccess: (results) => Effect.forEach(batch, (b, i) => Deferred.succeed(b.done, results[i] ?? false), { discard: true })
