@@ -22,6 +22,11 @@
  * - renew by `h`: expiry extended to at least now + lease iff `h` still holds; otherwise `false`.
  * - expiry is judged on the backend's own clock.
  *
+ * Every operation must end in bounded time (a backend over a network puts a timeout on each call
+ * and fails with `BackendError`): callers run a grant and the registration of its release as one
+ * uninterruptible step, so an interruption never leaks a grant, and a holder whose renewals hang
+ * must still learn of its lost lease.
+ *
  * @since 0.1.0
  */
 import type { Effect, Scope } from "effect"
