@@ -51,17 +51,26 @@ const isLive = (held: Held): boolean => held.leases > 0 && !held.dead
 
 /**
  * Holds of the current fiber and of the fibers it forked while holding them, by backend instance
- * and key. A child gets a copy; a joining child (`Effect.timeout`, `Effect.all`, `Fiber.join`)
- * hands its live holds to the parent, whose scope usually owns them, without overriding the
+ * and key (`all`). A child gets a copy; a joining child (`Effect.timeout`, `Effect.all`,
+ * `Fiber.join`) hands the holds it took itself (`taken`, so a join costs what the child took, not
+ * what the parent holds) to the parent, whose scope usually owns them, without overriding the
  * parent's own live ones.
  */
+interface HeldLeases {
+  readonly all: HashMap.HashMap<string, Held>
+  readonly taken: HashMap.HashMap<string, Held>
+}
+
 const heldLeases = GlobalValue.globalValue(
   Symbol.for("@lockstep/core/heldLeases"),
   () =>
-    FiberRef.unsafeMake(HashMap.empty<string, Held>(), {
+    FiberRef.unsafeMake<HeldLeases>({ all: HashMap.empty(), taken: HashMap.empty() }, {
+      fork: (parent) => (HashMap.isEmpty(parent.taken) ? parent : { all: parent.all, taken: HashMap.empty() }),
       join: (parent, child) =>
-        HashMap.reduce(child, parent, (merged, held, id) =>
-          isLive(held) && !Option.exists(HashMap.get(merged, id), isLive) ? HashMap.set(merged, id, held) : merged)
+        HashMap.reduce(child.taken, parent, (merged, held, id) =>
+          isLive(held) && !Option.exists(HashMap.get(merged.all, id), isLive)
+            ? { all: HashMap.set(merged.all, id, held), taken: HashMap.set(merged.taken, id, held) }
+            : merged)
     })
 )
 
@@ -71,7 +80,7 @@ const heldId = (spec: LockSpec): string => `${spec.backend.clientId}\u0000${spec
 
 const liveHeld = (spec: LockSpec): Effect.Effect<Option.Option<Held>> =>
   spec.reentrant
-    ? Effect.map(FiberRef.get(heldLeases), (held) => Option.filter(HashMap.get(held, heldId(spec)), isLive))
+    ? Effect.map(FiberRef.get(heldLeases), (held) => Option.filter(HashMap.get(held.all, heldId(spec)), isLive))
     : Effect.succeed(Option.none())
 
 /** The holder identity of the current fiber for this lock, if it holds it. */
@@ -166,7 +175,13 @@ const attach = (
       held.leases++
     } else {
       held = yield* startHeld(spec, request, fence, sentAt)
-      if (spec.reentrant) yield* FiberRef.update(heldLeases, HashMap.set(heldId(spec), held))
+      if (spec.reentrant) {
+        const id = heldId(spec)
+        yield* FiberRef.update(heldLeases, (leases) => ({
+          all: HashMap.set(leases.all, id, held),
+          taken: HashMap.set(leases.taken, id, held)
+        }))
+      }
     }
     const record = held
     yield* Scope.addFinalizer(
@@ -176,8 +191,10 @@ const attach = (
         const stop = record.leases === 0
           ? Effect.zipRight(
             Scope.close(record.scope, Exit.void),
-            FiberRef.update(heldLeases, (all) =>
-              Option.exists(HashMap.get(all, heldId(spec)), (h) => h === record) ? HashMap.remove(all, heldId(spec)) : all)
+            FiberRef.update(heldLeases, (leases) =>
+              Option.exists(HashMap.get(leases.all, heldId(spec)), (h) => h === record)
+                ? { all: HashMap.remove(leases.all, heldId(spec)), taken: HashMap.remove(leases.taken, heldId(spec)) }
+                : leases)
           )
           : Effect.void
         return Effect.zipRight(stop, release(spec, request.holder))
