@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto"
 import type { Scope } from "effect"
-import { Deferred, Duration, Effect, Queue } from "effect"
+import { Deferred, Duration, Effect, FiberId, Queue } from "effect"
 import type { Cluster, Redis } from "ioredis"
 import calculateSlot from "cluster-key-slot"
 import type * as LockBackend from "@lockstep/core/LockBackend"
@@ -214,10 +214,12 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
       )
     })))
 
+    // queued all at once and awaited in order: no fiber per renewal, it is the hot path at scale
     const renew = (requests: ReadonlyArray<LockBackend.RenewRequest>) =>
-      Effect.forEach(requests, (request) =>
-        Effect.flatMap(Deferred.make<boolean, BackendError>(), (done) =>
-          Effect.zipRight(Queue.offer(pending, { request, done }), Deferred.await(done))), { concurrency: "unbounded" })
+      Effect.suspend(() => {
+        const entries = requests.map((request) => ({ request, done: Deferred.unsafeMake<boolean, BackendError>(FiberId.none) }))
+        return Effect.zipRight(Queue.offerAll(pending, entries), Effect.forEach(entries, ({ done }) => Deferred.await(done)))
+      })
 
     const inspect = (key: string) =>
       Effect.map(run(inspectScript, keysOf(key), []), (reply): LockBackend.KeyState => {
