@@ -575,6 +575,35 @@ export const register = (harness: Harness, test: TestFn): void => {
       yield* Fiber.join(w2).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
     })))
 
+  test("a fair waiter that stops heartbeating is dropped once its queue entry expires", () =>
+    withBackend(Effect.gen(function*() {
+      const key = yield* freshKey("ghost")
+      const lock = yield* FairLock.make(key, { waiterTimeout: "600 millis" })
+      const backend = yield* LockBackend
+      const first = yield* hold(Lock.acquire(lock))
+      // a waiter that queues once and dies: it never retries and never cancels
+      const ghost = `${backend.clientId}:ghost`
+      const queued = yield* backend.acquire({
+        key,
+        holder: ghost,
+        mode: "exclusive",
+        permits: 1,
+        limit: 1,
+        leaseMs: 30_000,
+        fair: true,
+        waiterTtlMs: 600
+      })
+      assert.strictEqual(queued._tag, "Denied")
+      const waiter = yield* Effect.fork(Effect.scoped(Effect.asVoid(Lock.acquire(lock))))
+      yield* settle
+      yield* first.release
+      yield* settle
+      assert.isTrue(Option.isNone(yield* Fiber.poll(waiter)), "granted past a live queue entry ahead of it")
+      yield* advance(600)
+      yield* Fiber.join(waiter).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      assert.isFalse((yield* inspect(key)).queue.some((w) => w.holder === ghost))
+    })))
+
   test("a fair attempt whose reply is lost leaves no queue entry behind", () =>
     Effect.gen(function*() {
       const key = yield* freshKey("lost-reply")
