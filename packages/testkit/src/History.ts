@@ -415,15 +415,7 @@ export const assertValid = (events: Iterable<Event>): Effect.Effect<void, Histor
  * @since 0.1.0
  * @category models
  */
-export interface GrantInput {
-  readonly key: string
-  readonly holder: string
-  readonly mode: HoldMode
-  readonly permits: number
-  readonly limit: number
-  readonly fence: number
-  readonly expiresAt?: number | undefined
-}
+export type GrantInput = Omit<Extract<Event, { readonly _tag: "Grant" }>, "_tag" | "at" | "time">
 
 /**
  * A concurrent-safe event log. Every method stamps the event with the next sequence number (or

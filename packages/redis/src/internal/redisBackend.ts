@@ -1,21 +1,13 @@
 import { createHash } from "node:crypto"
 import type { Scope } from "effect"
 import { Deferred, Duration, Effect, FiberId, Queue } from "effect"
-import type { Cluster, Redis } from "ioredis"
 import calculateSlot from "cluster-key-slot"
 import type * as LockBackend from "@lockstep/core/LockBackend"
 import { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
+import type { Client, Tuning } from "../RedisBackend.js"
 import * as scripts from "./scripts.js"
 import { makeWakeups } from "./wakeups.js"
 
-export type Client = Redis | Cluster
-
-export interface Tuning {
-  /** Every Redis call fails with BackendError after this long. Default 2 seconds. */
-  readonly commandTimeout?: Duration.DurationInput | undefined
-  /** Most renewals sent in one script. Default 1000. */
-  readonly renewBatchSize?: number | undefined
-}
 
 interface Script {
   readonly name: string

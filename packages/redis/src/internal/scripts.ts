@@ -104,12 +104,14 @@ local function save(key, st, now)
   redis.call('DEL', key)
   local args = {}
   local latest = nil
+  local shared = false
   for h, r in pairs(st.holders) do
     if r.x > 0 then
       args[#args + 1] = h
       args[#args + 1] = fmt(r.x)
     end
     if r.s > 0 then
+      shared = true
       args[#args + 1] = P .. 's|' .. h
       args[#args + 1] = fmt(r.s) .. '|' .. fmt(r.p)
     end
@@ -120,7 +122,8 @@ local function save(key, st, now)
     if latest == nil or r.e > latest then latest = r.e end
   end
   if latest == nil then return end
-  if st.limit ~= nil then
+  -- the limit is kept only while shared holds exist
+  if shared and st.limit ~= nil then
     args[#args + 1] = P .. 'limit'
     args[#args + 1] = fmt(st.limit)
   end
@@ -279,19 +282,11 @@ if me ~= nil and ((excl and me.x > 0) or ((not excl) and me.s > 0)) then
     remaining = me.s
     if me.s == 0 then me.p = 0 end
   end
-  if remaining == 0 then
-    changed = true
-    if me.x == 0 and me.s == 0 then st.holders[holder] = nil end
-    local shared = false
-    for _, r in pairs(st.holders) do if r.s > 0 then shared = true end end
-    if not shared then st.limit = nil end
-  end
-  save(key, st, now)
+  if remaining == 0 and me.x == 0 and me.s == 0 then st.holders[holder] = nil end
 end
-if changed then
-  if remaining == -1 then save(key, st, now) end
-  notify(channel, qkey, tkey, now)
-end
+if remaining >= 0 or changed then save(key, st, now) end
+-- a hold ended (released or expired): waiters may enter
+if remaining == 0 or changed then notify(channel, qkey, tkey, now) end
 return remaining
 `
 

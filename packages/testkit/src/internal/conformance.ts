@@ -79,6 +79,14 @@ export const register = (harness: Harness, test: TestFn): void => {
   /** Lets other fibers (and, live, the backend's round trips) make progress. */
   const settle = live ? Effect.sleep("40 millis") : Effect.repeatN(Effect.yieldNow(), 40)
   const advance = (ms: number) => (live ? Effect.sleep(ms + 30) : TestClock.adjust(ms))
+  /**
+   * A short lease or watchdog for the expiry tests. Live, a longer one: a loaded 2-core machine
+   * may stall the event loop for a few hundred milliseconds.
+   */
+  const shortMs = live ? 900 : 300
+  const short = Duration.millis(shortMs)
+  /** A wait that only a wake-up can end in time (the holders' leases are far longer). */
+  const promptly = <A, E, R>(self: Effect.Effect<A, E, R>) => (live ? Effect.timeoutFail(self, { duration: "3 seconds", onTimeout: () => new Error("no wake-up within 3 seconds") }) : self)
   const freshKey = (label: string) => Effect.sync(() => `lockstep-conformance-${label}-${crypto.randomUUID()}`)
   const inspect = (key: string) => Effect.flatMap(LockBackend, (backend) => backend.inspect(key))
   const assertFree = (key: string) =>
@@ -115,20 +123,32 @@ export const register = (harness: Harness, test: TestFn): void => {
       return result
     })
 
-  test("60 fibers contend for one Lock: mutual exclusion, increasing fences", () =>
-    withHistory(Effect.gen(function*() {
-      const lock = yield* Lock.make(yield* freshKey("mutex"))
-      const inside = occupancy(1)
+  /** `workers` fibers each take a lease and hold it for `holdFor`; returns what the occupancy saw and the fences. */
+  const contend = <E>(
+    workers: number,
+    limit: number,
+    take: (worker: number) => Effect.Effect<Lease, E, Scope.Scope>,
+    holdFor: Effect.Effect<void> = settle
+  ) =>
+    Effect.gen(function*() {
+      const inside = occupancy(limit)
       const fences: Array<number> = []
-      yield* Effect.forEach(range(60), () =>
+      yield* Effect.forEach(range(workers), (worker) =>
         Effect.scoped(Effect.gen(function*() {
-          const lease = yield* Lock.acquire(lock)
+          const lease = yield* take(worker)
           fences.push(lease.fence)
           yield* inside.enter(lease)
-          yield* Effect.yieldNow()
+          yield* holdFor
           yield* inside.leave(lease)
         })), { concurrency: "unbounded", discard: true })
       assert.deepStrictEqual(inside.state.violations, [])
+      return { ...inside.state, fences }
+    })
+
+  test("60 fibers contend for one Lock: mutual exclusion, increasing fences", () =>
+    withHistory(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("mutex"))
+      const { fences } = yield* contend(60, 1, () => Lock.acquire(lock), Effect.yieldNow())
       assert.strictEqual(fences.length, 60)
       assertStrictlyIncreasing(fences)
       assert.isFalse(yield* Lock.isLocked(lock))
@@ -155,16 +175,8 @@ export const register = (harness: Harness, test: TestFn): void => {
   test("ReadWriteLock: readers share, writers exclude everyone", () =>
     withHistory(Effect.gen(function*() {
       const rw = yield* ReadWriteLock.make(yield* freshKey("rw"))
-      const inside = occupancy(Infinity)
-      yield* Effect.forEach(range(30), (i) =>
-        Effect.scoped(Effect.gen(function*() {
-          const lease = yield* Lock.acquire(i % 5 === 0 ? rw.write : rw.read)
-          yield* inside.enter(lease)
-          yield* settle
-          yield* inside.leave(lease)
-        })), { concurrency: "unbounded", discard: true })
-      assert.deepStrictEqual(inside.state.violations, [])
-      assert.isAbove(inside.state.maxHolders, 1, "readers never shared the lock")
+      const seen = yield* contend(30, Infinity, (i) => Lock.acquire(i % 5 === 0 ? rw.write : rw.read))
+      assert.isAbove(seen.maxHolders, 1, "readers never shared the lock")
       assert.isFalse(yield* Lock.isLocked(rw.read))
       assert.isFalse(yield* Lock.isLocked(rw.write))
     })))
@@ -172,16 +184,8 @@ export const register = (harness: Harness, test: TestFn): void => {
   test("Semaphore: permits never above the limit", () =>
     withHistory(Effect.gen(function*() {
       const sem = yield* Semaphore.make(yield* freshKey("sem"), { limit: 3 })
-      const inside = occupancy(3)
-      yield* Effect.forEach(range(30), (i) =>
-        Effect.scoped(Effect.gen(function*() {
-          const lease = yield* Semaphore.acquire(sem, { permits: 1 + (i % 3) })
-          yield* inside.enter(lease)
-          yield* settle
-          yield* inside.leave(lease)
-        })), { concurrency: "unbounded", discard: true })
-      assert.deepStrictEqual(inside.state.violations, [])
-      assert.isAbove(inside.state.maxHolders, 1, "permits were never shared")
+      const seen = yield* contend(30, 3, (i) => Semaphore.acquire(sem, { permits: 1 + (i % 3) }))
+      assert.isAbove(seen.maxHolders, 1, "permits were never shared")
       assert.strictEqual(yield* Semaphore.available(sem), 3)
     })))
 
@@ -194,17 +198,17 @@ export const register = (harness: Harness, test: TestFn): void => {
       assert.isTrue(Option.isNone(yield* Fiber.poll(waiter)))
       yield* first.release
       // the holder's lease is 30 s: only a wake-up can end this wait in time
-      const lease = yield* Fiber.join(waiter).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      const lease = yield* Fiber.join(waiter).pipe(promptly)
       assert.isAbove(lease.fence, first.lease.fence)
     })))
 
   test("a fixed lease expires; lost fails with LockLost(DeadlinePassed)", () =>
     withBackend(Effect.gen(function*() {
-      const lock = yield* Lock.make(yield* freshKey("lease"), { lease: "300 millis" })
+      const lock = yield* Lock.make(yield* freshKey("lease"), { lease: short })
       const first = yield* hold(Lock.acquire(lock))
       const lost = yield* Effect.fork(Effect.flip(first.lease.lost))
       assert.isTrue(Option.isNone(yield* Effect.scoped(Lock.tryAcquire(lock))))
-      yield* advance(300)
+      yield* advance(shortMs)
       const error = yield* Fiber.join(lost)
       assert.strictEqual(error._tag, "LockLost")
       assert.strictEqual(error.reason, "DeadlinePassed")
@@ -215,11 +219,11 @@ export const register = (harness: Harness, test: TestFn): void => {
 
   test("the watchdog keeps a lock alive across many lease periods", () =>
     withBackend(Effect.gen(function*() {
-      const lock = yield* Lock.make(yield* freshKey("watchdog"), { watchdog: "300 millis" })
+      const lock = yield* Lock.make(yield* freshKey("watchdog"), { watchdog: short })
       const first = yield* hold(Lock.acquire(lock))
       const lost = yield* Effect.fork(Effect.flip(first.lease.lost))
       for (const _ of range(30)) {
-        yield* advance(100)
+        yield* advance(shortMs / 3)
         assert.isTrue(Option.isNone(yield* Effect.scoped(Lock.tryAcquire(lock))), "lock taken while its watchdog runs")
       }
       assert.isTrue(Option.isNone(yield* Fiber.poll(lost)), "lease reported lost while renewed")
@@ -229,13 +233,13 @@ export const register = (harness: Harness, test: TestFn): void => {
 
   test("losing the lease interrupts the body with LockLost(NotHeld)", () =>
     withBackend(Effect.gen(function*() {
-      const lock = yield* Lock.make(yield* freshKey("lost"), { watchdog: "300 millis" })
+      const lock = yield* Lock.make(yield* freshKey("lost"), { watchdog: short })
       const interrupted = yield* Deferred.make<void>()
       const body = Effect.never.pipe(Effect.onInterrupt(() => Deferred.succeed(interrupted, undefined)))
       const fiber = yield* Effect.fork(Lock.withLock(body, lock))
       yield* Lock.isLocked(lock).pipe(Effect.zipLeft(settle), Effect.repeat({ until: (locked) => locked }))
       assert.isTrue(yield* Lock.forceUnlock(lock))
-      yield* advance(300)
+      yield* advance(shortMs)
       const exit = yield* Fiber.await(fiber)
       const error = failureOf(exit)
       assert.isTrue(Option.isSome(error) && error.value._tag === "LockLost" && error.value.reason === "NotHeld", String(exit))
@@ -244,10 +248,10 @@ export const register = (harness: Harness, test: TestFn): void => {
 
   test("a fixed lease running out interrupts the body with LockLost(DeadlinePassed)", () =>
     withBackend(Effect.gen(function*() {
-      const lock = yield* Lock.make(yield* freshKey("deadline"), { lease: "300 millis" })
+      const lock = yield* Lock.make(yield* freshKey("deadline"), { lease: short })
       const fiber = yield* Effect.fork(Lock.withLock(Effect.never, lock))
       yield* Lock.isLocked(lock).pipe(Effect.zipLeft(settle), Effect.repeat({ until: (locked) => locked }))
-      yield* advance(300)
+      yield* advance(shortMs)
       const error = failureOf(yield* Fiber.await(fiber))
       assert.isTrue(Option.isSome(error) && error.value._tag === "LockLost" && error.value.reason === "DeadlinePassed")
     })))
@@ -275,7 +279,7 @@ export const register = (harness: Harness, test: TestFn): void => {
           yield* Effect.repeatN(stepOnce, steps)
           yield* Fiber.interrupt(interrupted)
           yield* first.release
-          yield* Fiber.join(next).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+          yield* Fiber.join(next).pipe(promptly)
           yield* assertFree(key)
         }
       }
@@ -461,9 +465,9 @@ export const register = (harness: Harness, test: TestFn): void => {
       yield* Effect.scoped(Effect.gen(function*() {
         const lease = yield* Lock.acquire(lock)
         const initial = Duration.toMillis(yield* lease.expiresIn)
-        assert.isTrue(initial > 2_500 && initial <= 3_000, `expiresIn ${initial}`)
+        assert.isTrue(initial > 2_000 && initial <= 3_000, `expiresIn ${initial}`)
         const ttl = yield* Lock.remainingTtl(lock)
-        assert.isTrue(Option.isSome(ttl) && Duration.toMillis(ttl.value) <= 3_000 && Duration.toMillis(ttl.value) > 2_500)
+        assert.isTrue(Option.isSome(ttl) && Duration.toMillis(ttl.value) <= 3_000 && Duration.toMillis(ttl.value) > 2_000)
         yield* advance(2_500)
         // renewed at least once in between: the deadline moved on
         const later = Duration.toMillis(yield* lease.expiresIn)
@@ -534,10 +538,10 @@ export const register = (harness: Harness, test: TestFn): void => {
         Effect.map(LockBackend, (backend): Service => ({ ...backend, renew: () => Effect.dieMessage("renewal exploded") }))
       ).pipe(Layer.provide(harness.layer))
       yield* Effect.gen(function*() {
-        const lock = yield* Lock.make(yield* freshKey("defect"), { watchdog: "300 millis" })
+        const lock = yield* Lock.make(yield* freshKey("defect"), { watchdog: short })
         const fiber = yield* Effect.fork(Lock.withLock(Effect.never, lock))
         yield* Lock.isLocked(lock).pipe(Effect.zipLeft(settle), Effect.repeat({ until: (locked) => locked }))
-        yield* advance(300)
+        yield* advance(shortMs)
         const error = failureOf(yield* Fiber.await(fiber))
         assert.isTrue(Option.isSome(error) && error.value._tag === "LockLost" && error.value.reason === "DeadlinePassed")
       }).pipe(Effect.provide(dying))
@@ -555,9 +559,9 @@ export const register = (harness: Harness, test: TestFn): void => {
       yield* settle
       yield* one.release
       // the holders' leases are 30 s: only a wake-up can end this wait in time
-      yield* Fiber.join(small).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      yield* Fiber.join(small).pipe(promptly)
       yield* two.release
-      yield* Fiber.join(big).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      yield* Fiber.join(big).pipe(promptly)
       // read-write: a writer holds; R1, W2, R3 wait; both readers enter when the writer leaves
       const rw = yield* ReadWriteLock.make(yield* freshKey("readers"))
       const writer = yield* hold(Lock.acquire(rw.write))
@@ -568,11 +572,11 @@ export const register = (harness: Harness, test: TestFn): void => {
       const r3 = yield* hold(Lock.acquire(rw.read)).pipe(Effect.fork)
       yield* settle
       yield* writer.release
-      const reader1 = yield* Fiber.join(r1).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
-      const reader3 = yield* Fiber.join(r3).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      const reader1 = yield* Fiber.join(r1).pipe(promptly)
+      const reader3 = yield* Fiber.join(r3).pipe(promptly)
       yield* reader1.release
       yield* reader3.release
-      yield* Fiber.join(w2).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      yield* Fiber.join(w2).pipe(promptly)
     })))
 
   test("a fair waiter that stops heartbeating is dropped once its queue entry expires", () =>
@@ -600,7 +604,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       yield* settle
       assert.isTrue(Option.isNone(yield* Fiber.poll(waiter)), "granted past a live queue entry ahead of it")
       yield* advance(600)
-      yield* Fiber.join(waiter).pipe(live ? Effect.timeout("3 seconds") : (e) => e)
+      yield* Fiber.join(waiter).pipe(promptly)
       assert.isFalse((yield* inspect(key)).queue.some((w) => w.holder === ghost))
     })))
 
