@@ -148,8 +148,8 @@ describe.runIf(runnable)("Redis backend faults on a real redis-server", () => {
       assert.isAbove(worstSlackMs, 0, "the holder's local deadline outlived the server's lease")
       // the loss reaches the body one local deadline (watchdog - drift) after the last confirmed
       // renewal; the slack covers timer and scheduling latency on a loaded machine
-      assert.isBelow(lostAfterKnownValid, WATCHDOG_MS + 250, "LockLost came long after the lease's end")
-      assert.isBelow(lostAfterKill, WATCHDOG_MS + 250, "LockLost came long after the kill")
+      assert.isBelow(lostAfterKnownValid, WATCHDOG_MS + 500, "LockLost came long after the lease's end")
+      assert.isBelow(lostAfterKill, WATCHDOG_MS + 500, "LockLost came long after the kill")
     }))
 
   it.scopedLive("server restarted on the same port: the old holder loses its lease, new acquisitions and wake-ups work", () =>
@@ -248,7 +248,7 @@ describe.runIf(runnable)("Redis backend faults on a real redis-server", () => {
         `[faults] pause: holder lost its lease ${lostAfterPause.toFixed(0)} ms into a 1500 ms pause; ` +
           `new holder fence ${leaseB.fence} > ${leaseA.fence}; after the old scope closed: ${JSON.stringify(after.holders)}`
       )
-      assert.isBelow(lostAfterPause, WATCHDOG_MS + 250)
+      assert.isBelow(lostAfterPause, WATCHDOG_MS + 500)
       assert.deepStrictEqual(after.holders.map((h) => [h.holder, h.exclusive]), [[leaseB.holder, 1]])
       // A's lost stays failed (its lease does not come back)
       const lostAgain = yield* Effect.either(leaseA.lost).pipe(Effect.timeout("100 millis"))
