@@ -329,4 +329,4 @@ export const holders = (lock: Lock): Effect.Effect<ReadonlyArray<HolderState>, B
  * @category administration
  */
 export const forceUnlock = (lock: Lock): Effect.Effect<boolean, BackendError> =>
-  specOf(lock).backend.forceRelease(lock.key)
+  Effect.suspend(() => specOf(lock).backend.forceRelease({ key: lock.key, id: crypto.randomUUID() }))

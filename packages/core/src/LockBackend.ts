@@ -13,14 +13,31 @@
  *   `InvalidLockOptions` (field `limit`), and so does `p` > `limit` (field `permits`), which could
  *   never be granted. A current holder taking another hold (re-entry, or a writer taking the read
  *   lock) never waits in the fair queue: it would wait behind waiters that wait for it.
- * - re-acquire by a current holder: its count for that mode + 1, its expiry extended to at least
- *   now + lease, same fence.
- * - every new grant (a holder going from no holds to one) takes the next value of the key's fence
- *   counter, which never goes back, even after the key is empty.
- * - release by `h`: count - 1; at 0 the hold is removed and waiters are woken. Release by a
- *   non-holder changes nothing and fails with `NotHeld`.
+ * - re-acquire by a current holder: its count for that mode becomes the request's `count`, its
+ *   expiry is extended to at least now + lease, same fence.
+ * - every new grant (a holder going from no holds to one) takes a fence greater than every fence
+ *   issued before on the key. A backend that can lose its data (a Redis server restarted without
+ *   persistence, FLUSHALL) never issues a fence below its clock's current time in microseconds, so
+ *   fences keep increasing across the loss as long as that clock does not step back. The fence
+ *   counter may then be forgotten a lease after the key's last grant.
+ * - release by `h`: the count for that mode goes from the request's `count` to `count - 1`; at 0
+ *   for both modes the hold is removed and waiters are woken. Release by a non-holder changes
+ *   nothing and fails with `NotHeld`.
  * - renew by `h`: expiry extended to at least now + lease iff `h` still holds; otherwise `false`.
  * - expiry is judged on the backend's own clock.
+ *
+ * At-least-once delivery: a network or a client library may deliver an operation more than once
+ * (ioredis re-sends unanswered commands after a reconnect), or deliver it late, after its caller
+ * gave up on it. Every operation executed twice changes the state once:
+ * - `acquire` and `release` name the count they move the holder to or from, so a copy of one that
+ *   was already applied changes nothing and answers as the first did.
+ * - a holder that ended (released its last hold, or left the fair queue with `cancel`) is
+ *   remembered for `leaseMs`: a late copy of one of its acquisitions fails with `NotHeld` instead
+ *   of granting a hold nobody would release, and a copy of its last release succeeds again.
+ * - an acquisition that re-enters (`count` > 1) for a holder that holds nothing fails with
+ *   `NotHeld`: the hold it meant to re-enter was lost.
+ * - `renew` only ever extends a live hold; `cancel` and `forceRelease` (which carries an id) are
+ *   applied once.
  *
  * Every operation must end in bounded time (a backend over a network puts a timeout on each call
  * and fails with `BackendError`): callers run a grant and the registration of its release as one
@@ -29,7 +46,7 @@
  *
  * @since 0.1.0
  */
-import type { Effect, Scope } from "effect"
+import type { Effect, Either, Scope } from "effect"
 import { Context } from "effect"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "./LockError.js"
 
@@ -64,7 +81,8 @@ export type HoldMode = "exclusive" | "shared"
  *   limit: 1,
  *   leaseMs: 30_000,
  *   fair: false,
- *   waiterTtlMs: 5_000
+ *   waiterTtlMs: 5_000,
+ *   count: 1
  * }
  * ```
  *
@@ -84,6 +102,11 @@ export interface AcquireRequest {
   /** FIFO: a denied attempt queues `holder` (or refreshes its queue entry) until now + `waiterTtlMs`. */
   readonly fair: boolean
   readonly waiterTtlMs: number
+  /**
+   * The holder's count in `mode` once granted: 1 for a first hold in that mode, n + 1 to re-enter
+   * a hold of n. A copy of an applied request finds the count reached and changes nothing.
+   */
+  readonly count: number
 }
 
 /**
@@ -121,7 +144,13 @@ export type AcquireResult =
  * ```ts
  * import type { LockBackend } from "@lockstep/core"
  *
- * const request: LockBackend.ReleaseRequest = { key: "orders:42", holder: "6f1c...:1", mode: "exclusive" }
+ * const request: LockBackend.ReleaseRequest = {
+ *   key: "orders:42",
+ *   holder: "6f1c...:1",
+ *   mode: "exclusive",
+ *   count: 1,
+ *   leaseMs: 30_000
+ * }
  * ```
  *
  * @since 0.1.0
@@ -131,7 +160,67 @@ export interface ReleaseRequest {
   readonly key: string
   readonly holder: string
   readonly mode: HoldMode
+  /** The holder's count in `mode` before this release, as the caller knows it. */
+  readonly count: number
+  /** How long the backend remembers the holder once it has ended. */
+  readonly leaseMs: number
 }
+
+/**
+ * A fair-queue waiter giving up.
+ *
+ * @example
+ * ```ts
+ * import type { LockBackend } from "@lockstep/core"
+ *
+ * const request: LockBackend.CancelRequest = { key: "orders:42", holder: "6f1c...:1", leaseMs: 30_000 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface CancelRequest {
+  readonly key: string
+  readonly holder: string
+  /** How long the backend remembers that the holder left. */
+  readonly leaseMs: number
+}
+
+/**
+ * A forced release of every holder of a key. `id` names the operation (a fresh UUID per call), so
+ * a second delivery of it does not drop holders granted since.
+ *
+ * @example
+ * ```ts
+ * import type { LockBackend } from "@lockstep/core"
+ *
+ * const request: LockBackend.ForceReleaseRequest = { key: "orders:42", id: crypto.randomUUID() }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ForceReleaseRequest {
+  readonly key: string
+  readonly id: string
+}
+
+/**
+ * The outcome of one renewal in a batch: `true` renewed, `false` no longer held, or the error
+ * that hit this lease alone (a key of another type, say); other leases in the batch are unaffected.
+ *
+ * @example
+ * ```ts
+ * import { Either } from "effect"
+ * import type { LockBackend } from "@lockstep/core"
+ *
+ * const renewed = (r: LockBackend.RenewResult) => Either.getOrElse(r, () => false)
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type RenewResult = Either.Either<boolean, BackendError>
 
 /**
  * A renewal of all holds of one holder on one key.
@@ -210,7 +299,7 @@ export interface WaiterState {
  */
 export interface KeyState {
   readonly key: string
-  /** The last fence issued for the key (0 if none ever was). */
+  /** The last fence issued for the key, while the backend remembers it (0 otherwise). */
   readonly fence: number
   /** The stored shared limit while the key has shared holders. */
   readonly limit: number | undefined
@@ -267,18 +356,22 @@ export interface Subscription {
 export interface Service {
   /** A UUID per backend instance; holders are `<clientId>:<n>`. */
   readonly clientId: string
+  /** `NotHeld`: a re-entry into a hold that is gone, or a late copy from a holder that ended. */
   readonly acquire: (
     request: AcquireRequest
-  ) => Effect.Effect<AcquireResult, BackendError | InvalidLockOptions | LockUpgradeNotSupported>
+  ) => Effect.Effect<AcquireResult, BackendError | InvalidLockOptions | LockUpgradeNotSupported | NotHeld>
   /** Releases one hold; succeeds with the holder's remaining count for that mode. */
   readonly release: (request: ReleaseRequest) => Effect.Effect<number, BackendError | NotHeld>
-  /** Renews many leases at once; one boolean per request, `false` where the holder no longer holds. */
-  readonly renew: (requests: ReadonlyArray<RenewRequest>) => Effect.Effect<ReadonlyArray<boolean>, BackendError>
+  /**
+   * Renews many leases at once; one result per request. Fails only when the whole batch failed
+   * (the connection, say); an error that concerns one lease is that lease's result.
+   */
+  readonly renew: (requests: ReadonlyArray<RenewRequest>) => Effect.Effect<ReadonlyArray<RenewResult>, BackendError>
   readonly inspect: (key: string) => Effect.Effect<KeyState, BackendError>
   /** Drops every holder of the key and wakes waiters; `true` if anything was held. */
-  readonly forceRelease: (key: string) => Effect.Effect<boolean, BackendError>
+  readonly forceRelease: (request: ForceReleaseRequest) => Effect.Effect<boolean, BackendError>
   /** Removes `holder` from the key's fair queue (a waiter giving up) and wakes the new head. */
-  readonly cancel: (key: string, holder: string) => Effect.Effect<void, BackendError>
+  readonly cancel: (request: CancelRequest) => Effect.Effect<void, BackendError>
   /** `mode`: what the waiter asks for; a wake-up meant for shared waiters goes to all of them. */
   readonly subscribe: (key: string, holder: string, mode: HoldMode) => Effect.Effect<Subscription, BackendError, Scope.Scope>
 }
@@ -298,3 +391,19 @@ export interface Service {
  * @category tags
  */
 export class LockBackend extends Context.Tag("@lockstep/core/LockBackend")<LockBackend, Service>() {}
+
+/**
+ * How long a backend remembers the id of a `forceRelease` it applied, so that a second delivery
+ * of it is recognised: one minute.
+ *
+ * @example
+ * ```ts
+ * import { LockBackend } from "@lockstep/core"
+ *
+ * console.log(LockBackend.forceReleaseMemoryMs) // 60000
+ * ```
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const forceReleaseMemoryMs = 60_000

@@ -115,6 +115,32 @@ export class LockUpgradeNotSupported extends Data.TaggedError("LockUpgradeNotSup
 }
 
 /**
+ * The current fiber asked for a hold that could only be granted once it released a hold of its
+ * own on the same key: a `Lock` on a key it holds as a `Semaphore`, a `Semaphore` on a key it holds
+ * as a `Lock`, more permits than the limit leaves beside its own. Waiting would never end, so the
+ * request fails at once. Nothing was changed.
+ *
+ * @example
+ * ```ts
+ * import { LockError } from "@lockstep/core"
+ *
+ * const error = new LockError.SelfDeadlock({ key: "jobs", reason: "it holds the key exclusively under another lock handle" })
+ * console.log(error.message)
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class SelfDeadlock extends Data.TaggedError("SelfDeadlock")<{
+  readonly key: string
+  readonly reason: string
+}> {
+  override get message(): string {
+    return `the current fiber would wait for itself on "${this.key}": ${this.reason}`
+  }
+}
+
+/**
  * Bad input, reported before any backend call: `field` names the offending option.
  *
  * @example
@@ -176,7 +202,7 @@ export class BackendError extends Data.TaggedError("BackendError")<{
  * @since 0.1.0
  * @category models
  */
-export type AcquireError = LockTimeout | LockUpgradeNotSupported | InvalidLockOptions | BackendError
+export type AcquireError = LockTimeout | LockUpgradeNotSupported | SelfDeadlock | InvalidLockOptions | BackendError
 
 /**
  * Every error lockstep reports.

@@ -3,7 +3,8 @@ import { Duration, Effect, Option } from "effect"
 import type { Lease } from "../Lease.js"
 import { LockBackend } from "../LockBackend.js"
 import type { HolderState } from "../LockBackend.js"
-import type { BackendError, InvalidLockOptions, LockLost, LockTimeout } from "../LockError.js"
+import type { BackendError, LockLost, LockTimeout } from "../LockError.js"
+import { InvalidLockOptions } from "../LockError.js"
 import type { AttemptError, LockKind, LockSpec } from "./lock.js"
 import * as internal from "./lock.js"
 import * as validate from "./options.js"
@@ -24,8 +25,15 @@ export const makeSpec = (
 ): Effect.Effect<LockSpec, InvalidLockOptions, LockBackend> =>
   Effect.gen(function*() {
     const validKey = yield* validate.key(key)
-    const leaseMs = yield* validate.optionalMillis("lease", options?.lease)
-    const watchdogMs = (yield* validate.optionalMillis("watchdog", options?.watchdog)) ?? internal.defaultWatchdogMs
+    if (options?.lease !== undefined && options.watchdog !== undefined) {
+      return yield* new InvalidLockOptions({
+        field: "watchdog",
+        reason: "a fixed lease is never renewed: give either `lease` or `watchdog`, not both"
+      })
+    }
+    const leaseMs = yield* validate.optionalMillis("lease", options?.lease, { minMillis: validate.minLeaseMillis })
+    const watchdogMs = (yield* validate.optionalMillis("watchdog", options?.watchdog, { minMillis: validate.minLeaseMillis })) ??
+      internal.defaultWatchdogMs
     const waiterTtlMs = (yield* validate.optionalMillis("waiterTimeout", options?.waiterTimeout)) ??
       internal.defaultWaiterTtlMs
     const backend = yield* LockBackend
@@ -81,7 +89,11 @@ export const withLease = <A, E, R>(
   permits: number,
   timeout: Duration.DurationInput | undefined
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
-  Effect.scoped(Effect.flatMap(acquire(spec, permits, timeout), (lease) => Effect.raceFirst(body, lease.lost)))
+  Effect.scoped(
+    Effect.flatMap(acquire(spec, permits, timeout), (lease) =>
+      // the race runs the body in a forked fiber: it is still this fiber's critical section
+      Effect.flatMap(internal.withCurrentHolds(body), (inside) => Effect.raceFirst(inside, lease.lost)))
+  )
 
 /** The longest remaining time-to-live among the handle's holders. */
 export const remainingTtl = (spec: LockSpec): Effect.Effect<Option.Option<Duration.Duration>, BackendError> =>

@@ -1,8 +1,22 @@
-import { Clock, Scope, Deferred, Duration, Effect, Exit, FiberRef, GlobalValue, HashMap, Option } from "effect"
+import {
+  Clock,
+  Deferred,
+  Duration,
+  Effect,
+  Either,
+  ExecutionStrategy,
+  Exit,
+  Fiber,
+  FiberRef,
+  GlobalValue,
+  HashMap,
+  Option,
+  Scope
+} from "effect"
 import type { Lease } from "../Lease.js"
 import type { AcquireRequest, AcquireResult, HoldMode, Service } from "../LockBackend.js"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported } from "../LockError.js"
-import { LockLost, LockTimeout } from "../LockError.js"
+import { LockLost, LockTimeout, SelfDeadlock } from "../LockError.js"
 
 /** The kinds of handle; read and write locks are views of one key. */
 export type LockKind = "Lock" | "FairLock" | "ReadLock" | "WriteLock" | "Semaphore"
@@ -16,7 +30,7 @@ export interface LockSpec {
   /** Shared capacity (Infinity for read locks); 1 for exclusive locks. */
   readonly limit: number
   readonly fair: boolean
-  /** Re-entrant kinds share one holder identity per fiber lineage; semaphores take a fresh one per acquisition. */
+  /** Re-entrant kinds share one holder identity per fiber; semaphores take a fresh one per acquisition. */
   readonly reentrant: boolean
   /** A fixed lease in ms, or `undefined` for a watchdog-renewed lease. */
   readonly leaseMs: number | undefined
@@ -34,69 +48,121 @@ export const defaultWaiterTtlMs = 5_000
  */
 interface Held {
   readonly holder: string
-  /** The fence of the grant that started the record: a re-entrant grant with another fence is not one. */
+  readonly reentrant: boolean
+  /** The fence of the grant that started the record. */
   readonly fence: number
+  /** The holder's hold counts as the backend was last told them: every request names them. */
+  readonly counts: { exclusive: number; shared: number }
+  /** Permits of the shared hold, and the limit they count against. */
+  readonly permits: number
+  readonly limit: number
+  readonly leaseMs: number
   readonly lost: Effect.Effect<never, LockLost>
   readonly expiresIn: Effect.Effect<Duration.Duration>
   readonly scope: Scope.CloseableScope
-  /** Open leases; at 0 the record is done and a later grant to the same holder starts a new one. */
+  /** Open leases; at 0 the record is done and a later grant starts a new holder. */
   leases: number
-  /** Set once `lost` has failed: the hold is gone, so nothing may re-enter it. */
+  /** Set once `lost` has failed: the hold is gone, nothing may re-enter or renew it. */
   dead: boolean
-  /** Fails `lost` (once) and marks the record dead. */
+  /** Fails `lost` (once), stops renewals and releases what may be left of the hold. */
   readonly lose: (reason: LockLost["reason"]) => Effect.Effect<void>
 }
 
 const isLive = (held: Held): boolean => held.leases > 0 && !held.dead
 
 /**
- * Holds of the current fiber and of the fibers it forked while holding them, by backend instance
- * and key (`all`). A child gets a copy; a joining child (`Effect.timeout`, `Effect.all`,
- * `Fiber.join`) hands the holds it took itself (`taken`, so a join costs what the child took, not
- * what the parent holds) to the parent, whose scope usually owns them, without overriding the
- * parent's own live ones.
+ * Holds of the current fiber, by backend instance and key (`all`). Holds are per fiber: a forked
+ * fiber starts with none, so concurrent children of a holder never enter its critical section
+ * together (they wait like any other fiber), and fibers started on a runtime built by a layer
+ * that acquired a lock do not inherit it. A joining child (`Effect.timeout`, `Effect.all`,
+ * `Fiber.join`) hands the holds it took itself (`taken`, so a join costs what the child took) to
+ * the fiber that joins it, whose scope usually owns them.
  */
 interface HeldLeases {
-  readonly all: HashMap.HashMap<string, Held>
-  readonly taken: HashMap.HashMap<string, Held>
+  readonly all: HashMap.HashMap<string, ReadonlyArray<Held>>
+  readonly taken: HashMap.HashMap<string, ReadonlyArray<Held>>
 }
 
+const noLeases: HeldLeases = { all: HashMap.empty(), taken: HashMap.empty() }
+
+const addHeld = (map: HashMap.HashMap<string, ReadonlyArray<Held>>, id: string, held: Held) =>
+  HashMap.set(map, id, [...Option.getOrElse(HashMap.get(map, id), (): ReadonlyArray<Held> => []).filter(isLive), held])
+
 const heldLeases = GlobalValue.globalValue(
-  Symbol.for("@lockstep/core/heldLeases"),
+  Symbol.for("@lockstep/core/heldLeases/perFiber"),
   () =>
-    FiberRef.unsafeMake<HeldLeases>({ all: HashMap.empty(), taken: HashMap.empty() }, {
-      fork: (parent) => (HashMap.isEmpty(parent.taken) ? parent : { all: parent.all, taken: HashMap.empty() }),
+    FiberRef.unsafeMake<HeldLeases>(noLeases, {
+      fork: () => noLeases,
       join: (parent, child) =>
-        HashMap.reduce(child.taken, parent, (merged, held, id) =>
-          isLive(held) && !Option.exists(HashMap.get(merged.all, id), isLive)
-            ? { all: HashMap.set(merged.all, id, held), taken: HashMap.set(merged.taken, id, held) }
-            : merged)
+        HashMap.reduce(child.taken, parent, (merged, helds, id) =>
+          helds.reduce((acc, held) => {
+            const mine = Option.getOrElse(HashMap.get(acc.all, id), (): ReadonlyArray<Held> => [])
+            // a parent's own live re-entrant hold wins over a child's
+            if (!isLive(held) || mine.includes(held) || (held.reentrant && mine.some((h) => h.reentrant && isLive(h)))) {
+              return acc
+            }
+            return { all: addHeld(acc.all, id, held), taken: addHeld(acc.taken, id, held) }
+          }, merged))
     })
 )
+
+/**
+ * Runs `effect` (in a fiber forked only to race it, as `withLock` does) with the current fiber's
+ * holds, so it re-enters them as the current fiber would.
+ */
+export const withCurrentHolds = <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<Effect.Effect<A, E, R>> =>
+  Effect.map(FiberRef.get(heldLeases), (held) => Effect.locally(effect, heldLeases, { all: held.all, taken: HashMap.empty() }))
 
 const holderCounter = GlobalValue.globalValue(Symbol.for("@lockstep/core/holderCounter"), () => ({ next: 0 }))
 
 const heldId = (spec: LockSpec): string => `${spec.backend.clientId}\u0000${spec.key}`
 
-const liveHeld = (spec: LockSpec): Effect.Effect<Option.Option<Held>> =>
-  spec.reentrant
-    ? Effect.map(FiberRef.get(heldLeases), (held) => Option.filter(HashMap.get(held.all, heldId(spec)), isLive))
-    : Effect.succeed(Option.none())
+/** The current fiber's live holds on the lock's key, of every kind. */
+const liveHolds = (spec: LockSpec): Effect.Effect<ReadonlyArray<Held>> =>
+  Effect.map(FiberRef.get(heldLeases), (held) =>
+    Option.match(HashMap.get(held.all, heldId(spec)), { onNone: () => [], onSome: (helds) => helds.filter(isLive) }))
 
 /** The holder identity of the current fiber for this lock, if it holds it. */
 export const currentHolder = (spec: LockSpec): Effect.Effect<Option.Option<string>> =>
-  Effect.map(liveHeld(spec), Option.map((h) => h.holder))
+  Effect.map(liveHolds(spec), (helds) =>
+    Option.map(Option.fromNullable(helds.find((h) => h.reentrant === spec.reentrant && spec.reentrant)), (h) => h.holder))
+
+/**
+ * A request that could only be granted once the current fiber released a hold of its own on the
+ * key (other than the one it re-enters) would wait forever: say so instead.
+ */
+const selfDeadlock = (spec: LockSpec, permits: number, mine: ReadonlyArray<Held>, reentered: Held | undefined) => {
+  const others = mine.filter((h) => h !== reentered)
+  if (others.length === 0) return undefined
+  const describe = (h: Held) => (h.counts.exclusive > 0 ? "exclusively" : `with ${h.permits} shared permit(s)`)
+  if (spec.mode === "exclusive") {
+    return new SelfDeadlock({ key: spec.key, reason: `it holds the key ${describe(others[0]!)} under another lock handle` })
+  }
+  const writer = others.find((h) => h.counts.exclusive > 0)
+  if (writer !== undefined) {
+    return new SelfDeadlock({ key: spec.key, reason: "it holds the key exclusively under another lock handle" })
+  }
+  const taken = others.filter((h) => h.limit === spec.limit).reduce((sum, h) => sum + h.permits, 0)
+  if (taken + permits > spec.limit) {
+    return new SelfDeadlock({
+      key: spec.key,
+      reason: `it holds ${taken} of the ${spec.limit} permits itself and asks for ${permits} more`
+    })
+  }
+  return undefined
+}
 
 /** Monotonic milliseconds from Effect's Clock (hrtime-based live, driven by TestClock in tests). */
 const monotonicMillis = Effect.map(Clock.currentTimeNanos, (nanos) => Number(nanos) / 1_000_000)
 
-export type AttemptError = BackendError | InvalidLockOptions | LockUpgradeNotSupported
+export type AttemptError = BackendError | InvalidLockOptions | LockUpgradeNotSupported | SelfDeadlock
 
 /**
  * Acquires a lease into the current scope. `timeoutMs`: `undefined` waits forever, `0` makes a
- * single attempt (try-acquire). Grants and the registration of their release are one
- * uninterruptible step; only the waiting in between is interruptible, so an interruption never
- * leaks a grant.
+ * single attempt (try-acquire). Each attempt runs uninterruptibly and its grant is bound to the
+ * lease's scope in the same step; only the waiting in between is interruptible. An interruption
+ * that arrived while a grant was in flight releases that grant at once, and an attempt whose
+ * reply was lost is released best-effort: nothing is left held for a caller that has no lease.
  */
 export const acquire = (
   spec: LockSpec,
@@ -106,8 +172,11 @@ export const acquire = (
   Effect.uninterruptibleMask((restore) =>
     Effect.gen(function*() {
       const scope = yield* Effect.scope
-      const found = yield* liveHeld(spec)
-      const holder = Option.isSome(found) ? found.value.holder : `${spec.backend.clientId}:${++holderCounter.next}`
+      const mine = yield* liveHolds(spec)
+      const found = spec.reentrant ? mine.find((h) => h.reentrant) : undefined
+      const deadlock = selfDeadlock(spec, permits, mine, found)
+      if (deadlock !== undefined) return yield* Effect.fail(deadlock)
+      const holder = found?.holder ?? `${spec.backend.clientId}:${++holderCounter.next}`
       const request: AcquireRequest = {
         key: spec.key,
         holder,
@@ -116,44 +185,78 @@ export const acquire = (
         limit: spec.limit,
         leaseMs: spec.leaseMs ?? spec.watchdogMs,
         fair: spec.fair,
-        waiterTtlMs: spec.waiterTtlMs
+        waiterTtlMs: spec.waiterTtlMs,
+        count: found === undefined ? 1 : countIn(found, spec.mode) + 1
       }
+      // the lease's own scope, a child of the caller's: closing it early releases the grant
+      const leaseScope = yield* Scope.fork(scope, ExecutionStrategy.sequential)
       const startedAt = yield* monotonicMillis
       let granted: Lease | undefined
       let stale = false
-      // a grant and the registration of its release happen in one uninterruptible step
       const attempt = Effect.flatMap(monotonicMillis, (sentAt) =>
-        Effect.tap(spec.backend.acquire(request), (result) => {
-          if (result._tag === "Denied") return Effect.void
-          if (Option.isSome(found) && result.fence !== found.value.fence) {
-            // the backend granted afresh: the hold being re-entered was lost in the meantime
-            stale = true
-            return Effect.zipRight(found.value.lose("NotHeld"), release(spec, holder))
-          }
-          return Effect.map(attach(spec, request, result.fence, sentAt, scope, found), (lease) => {
-            granted = lease
+        spec.backend.acquire(request).pipe(
+          Effect.tap((result) => {
+            if (result._tag === "Denied") return Effect.void
+            return Effect.map(attach(spec, request, result.fence, sentAt, leaseScope, found), (lease) => {
+              granted = lease
+            })
+          }),
+          Effect.catchTags({
+            // the hold being re-entered is gone (or, for a new holder, refused as a late copy):
+            // start over as a new holder
+            NotHeld: () => {
+              stale = true
+              const denied: AcquireResult = { _tag: "Denied", retryAfterMs: 1 }
+              return found === undefined ? Effect.succeed(denied) : Effect.as(found.lose("NotHeld"), denied)
+            },
+            // the reply may have been lost after the backend granted (or queued) the request
+            BackendError: (error) => Effect.zipRight(cleanUpAttempt(spec, request), Effect.fail(error))
           })
-        })).pipe(
-          // a fair attempt whose reply was lost may have queued us
-          spec.fair ? Effect.tapError(() => Effect.ignore(spec.backend.cancel(spec.key, holder))) : (e) => e
-        )
+        ))
 
       const first = yield* attempt
-      if (first._tag === "Denied" && timeoutMs !== 0) {
-        yield* waitForGrant(spec, request, attempt, startedAt, timeoutMs, restore)
-      } else if (first._tag === "Denied" && spec.fair) {
+      if (first._tag === "Denied" && !stale && timeoutMs !== 0) {
+        yield* waitForGrant(spec, request, attempt, () => stale, startedAt, timeoutMs, restore)
+      } else if (first._tag === "Denied" && !stale && spec.fair) {
         // a denied fair attempt queued us; a try-acquire must not stay in the queue
-        yield* spec.backend.cancel(spec.key, holder)
+        yield* cancel(spec, holder)
       }
       if (stale) {
+        yield* Scope.close(leaseScope, Exit.void)
         // start over as a new holder, within what is left of the wait
         const elapsed = (yield* monotonicMillis) - startedAt
         const left = timeoutMs === undefined || timeoutMs === 0 ? timeoutMs : Math.max(1, timeoutMs - elapsed)
         return yield* restore(acquire(spec, permits, left))
       }
-      return Option.fromNullable(granted)
+      if (granted === undefined) {
+        yield* Scope.close(leaseScope, Exit.void)
+        return Option.none()
+      }
+      // an interruption that arrived while the grant was in flight: the caller gets no lease, so
+      // the grant is released now rather than when the caller's scope closes
+      yield* restore(Effect.void).pipe(Effect.onInterrupt(() => Scope.close(leaseScope, Exit.void)))
+      return Option.some(granted)
     })
   ).pipe(Effect.withSpan("lockstep.acquire", { attributes: { key: spec.key, mode: spec.mode, permits } }))
+
+const countIn = (held: Held, mode: HoldMode): number =>
+  mode === "exclusive" ? held.counts.exclusive : held.counts.shared
+
+/** After an attempt failed without a reply: undo whatever it may have done. Best-effort. */
+const cleanUpAttempt = (spec: LockSpec, request: AcquireRequest): Effect.Effect<void> =>
+  Effect.zipRight(
+    Effect.ignore(spec.backend.release({
+      key: spec.key,
+      holder: request.holder,
+      mode: spec.mode,
+      count: request.count,
+      leaseMs: request.leaseMs
+    })),
+    spec.fair && request.count === 1 ? cancel(spec, request.holder) : Effect.void
+  )
+
+const cancel = (spec: LockSpec, holder: string): Effect.Effect<void> =>
+  Effect.ignore(spec.backend.cancel({ key: spec.key, holder, leaseMs: spec.leaseMs ?? spec.watchdogMs }))
 
 /**
  * Binds a grant to the lease's scope: joins the holder's live record (re-entry) or starts a new
@@ -166,38 +269,50 @@ const attach = (
   fence: number,
   sentAt: number,
   scope: Scope.Scope,
-  found: Option.Option<Held>
+  found: Held | undefined
 ): Effect.Effect<Lease> =>
   Effect.gen(function*() {
     let held: Held
-    if (Option.isSome(found) && isLive(found.value)) {
-      held = found.value
+    if (found !== undefined && isLive(found)) {
+      held = found
       held.leases++
     } else {
       held = yield* startHeld(spec, request, fence, sentAt)
-      if (spec.reentrant) {
-        const id = heldId(spec)
-        yield* FiberRef.update(heldLeases, (leases) => ({
-          all: HashMap.set(leases.all, id, held),
-          taken: HashMap.set(leases.taken, id, held)
-        }))
-      }
+      const id = heldId(spec)
+      yield* FiberRef.update(heldLeases, (leases) => ({
+        all: addHeld(leases.all, id, held),
+        taken: addHeld(leases.taken, id, held)
+      }))
     }
+    if (spec.mode === "exclusive") held.counts.exclusive = request.count
+    else held.counts.shared = request.count
     const record = held
     yield* Scope.addFinalizer(
       scope,
       Effect.suspend(() => {
         record.leases--
+        const count = countIn(record, spec.mode)
+        if (spec.mode === "exclusive") record.counts.exclusive = Math.max(0, count - 1)
+        else record.counts.shared = Math.max(0, count - 1)
         const stop = record.leases === 0
           ? Effect.zipRight(
             Scope.close(record.scope, Exit.void),
-            FiberRef.update(heldLeases, (leases) =>
-              Option.exists(HashMap.get(leases.all, heldId(spec)), (h) => h === record)
-                ? { all: HashMap.remove(leases.all, heldId(spec)), taken: HashMap.remove(leases.taken, heldId(spec)) }
-                : leases)
+            FiberRef.update(heldLeases, (leases) => {
+              const id = heldId(spec)
+              const without = (map: HashMap.HashMap<string, ReadonlyArray<Held>>) =>
+                Option.match(HashMap.get(map, id), {
+                  onNone: () => map,
+                  onSome: (helds) => {
+                    const rest = helds.filter((h) => h !== record && isLive(h))
+                    return rest.length === 0 ? HashMap.remove(map, id) : HashMap.set(map, id, rest)
+                  }
+                })
+              return { all: without(leases.all), taken: without(leases.taken) }
+            })
           )
           : Effect.void
-        return Effect.zipRight(stop, release(spec, request.holder))
+        // a lost hold was released when it was lost
+        return Effect.zipRight(stop, record.dead ? Effect.void : release(spec, record, count))
       })
     )
     return {
@@ -220,6 +335,7 @@ const waitForGrant = (
   spec: LockSpec,
   request: AcquireRequest,
   attempt: Effect.Effect<AcquireResult, AttemptError>,
+  isStale: () => boolean,
   startedAt: number,
   timeoutMs: number | undefined,
   restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
@@ -231,7 +347,7 @@ const waitForGrant = (
     const heartbeatMs = spec.fair ? Math.max(1, Math.floor(spec.waiterTtlMs / 3)) : Infinity
     while (true) {
       const result = yield* attempt
-      if (result._tag === "Granted") return result
+      if (result._tag === "Granted" || isStale()) return result
       const now = yield* monotonicMillis
       if (now >= deadline) {
         return yield* Effect.fail(new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs ?? Infinity) }))
@@ -241,16 +357,15 @@ const waitForGrant = (
     }
   }).pipe(
     Effect.scoped,
-    Effect.onExit((exit) =>
-      Exit.isSuccess(exit) || !spec.fair ? Effect.void : Effect.ignore(spec.backend.cancel(spec.key, request.holder))
-    )
+    Effect.onExit((exit) => Exit.isSuccess(exit) || !spec.fair ? Effect.void : cancel(spec, request.holder))
   )
 
-const release = (spec: LockSpec, holder: string): Effect.Effect<void> =>
-  spec.backend.release({ key: spec.key, holder, mode: spec.mode }).pipe(
+/** Releases one hold of the record's holder: its count in the lock's mode goes from `count` down by one. */
+const release = (spec: LockSpec, record: Held, count: number): Effect.Effect<void> =>
+  spec.backend.release({ key: spec.key, holder: record.holder, mode: spec.mode, count, leaseMs: record.leaseMs }).pipe(
     Effect.asVoid,
     Effect.catchAll((error) =>
-      Effect.logWarning(`lockstep: release of "${spec.key}" by ${holder} failed`, error.message)
+      Effect.logWarning(`lockstep: release of "${spec.key}" by ${record.holder} failed`, error.message)
     ),
     Effect.withSpan("lockstep.release", { attributes: { key: spec.key, mode: spec.mode } })
   )
@@ -262,14 +377,15 @@ export const maxSleepMs = 2 ** 31 - 1
  * Time given away on every local deadline: the backend's clock may run faster than ours, and a
  * timer may fire late. 1% of the lease plus 5 ms, as Redisson's RedLock allows for clock drift.
  */
-const driftMs = (leaseMs: number) => Math.floor(leaseMs / 100) + 5
+export const driftMs = (leaseMs: number) => Math.floor(leaseMs / 100) + 5
 
 /**
  * Starts a holder's record. Two fibers run in the record's own scope: a timer that fails `lost`
  * when the local deadline passes unconfirmed, and (without a fixed lease) the watchdog, which
  * renews every watchdog / 3, moves the deadline on each confirmed renewal, and fails `lost` when
  * a renewal reports the hold gone. Any other failure of a renewal, a defect included, is retried
- * until the deadline decides.
+ * until the deadline decides. Once lost, the hold is dead: the watchdog stops and what may be
+ * left of the hold on the backend is released.
  */
 const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentAt: number): Effect.Effect<Held> =>
   Effect.gen(function*() {
@@ -279,27 +395,48 @@ const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentA
     let deadline = sentAt + request.leaseMs - driftMs(request.leaseMs)
     const expiresIn = Effect.map(monotonicMillis, (now) => Duration.millis(Math.max(0, deadline - now)))
     const scope = yield* Scope.make()
+    let watchdogFiber: Fiber.RuntimeFiber<void> | undefined
     const held: Held = {
       holder: request.holder,
+      reentrant: spec.reentrant,
       fence,
+      counts: { exclusive: 0, shared: 0 },
+      permits: spec.mode === "shared" ? request.permits : 0,
+      limit: spec.limit,
+      leaseMs: request.leaseMs,
       lost: Deferred.await(lost),
       expiresIn,
       scope,
       leases: 1,
       dead: false,
       lose: (reason) =>
-        Effect.suspend(() => {
+        Effect.uninterruptible(Effect.suspend(() => {
+          if (held.dead) return Effect.void
           held.dead = true
-          return Deferred.fail(lost, new LockLost({ key: spec.key, holder: request.holder, reason }))
-        })
+          const remnant = (["exclusive", "shared"] as const).filter((mode) => countIn(held, mode) > 0)
+          return Effect.zipRight(
+            Deferred.fail(lost, new LockLost({ key: spec.key, holder: request.holder, reason })),
+            Effect.zipRight(
+              watchdogFiber === undefined ? Effect.void : Fiber.interruptFork(watchdogFiber),
+              // a release from count 1 ends the holder whatever its count was
+              Effect.forEach(remnant, (mode) =>
+                Effect.ignore(spec.backend.release({
+                  key: spec.key,
+                  holder: request.holder,
+                  mode,
+                  count: 1,
+                  leaseMs: request.leaseMs
+                })), { discard: true })
+            )
+          )
+        }))
     }
-    const fail = held.lose
     const sleepUntil = (at: number) =>
       Effect.flatMap(monotonicMillis, (now) => Effect.sleep(Duration.millis(Math.min(maxSleepMs, Math.max(0, at - now)))))
 
     const timer = Effect.gen(function*() {
       while ((yield* monotonicMillis) < deadline) yield* sleepUntil(deadline)
-      yield* fail("DeadlinePassed")
+      yield* held.lose("DeadlinePassed")
     })
     const watchdog = Effect.gen(function*() {
       const intervalMs = spec.watchdogMs / 3
@@ -308,18 +445,21 @@ const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentA
       const quantum = intervalMs / 4
       let confirmedAt = sentAt
       let attemptedAt = -Infinity
-      while (true) {
+      while (!held.dead) {
         let next = Math.ceil((confirmedAt + intervalMs * 0.75) / quantum) * quantum
         // after a failed renewal, try again at the next grid point, never in a tight loop
         while (next <= attemptedAt) next += quantum
         yield* sleepUntil(next)
+        if (held.dead) return
         attemptedAt = yield* monotonicMillis
         const renewed = yield* spec.backend.renew([{ key: spec.key, holder: request.holder, leaseMs: spec.watchdogMs }])
           .pipe(
-            Effect.map((results) => Option.fromNullable(results[0])),
+            Effect.map((results) => Option.flatMap(Option.fromNullable(results[0]), Either.getRight)),
             Effect.catchAllCause(() => Effect.succeed(Option.none<boolean>()))
           )
-        if (Option.isSome(renewed) && !renewed.value) return yield* fail("NotHeld")
+        // a renewal that arrives after the deadline passed must not bring the lease back
+        if (held.dead) return
+        if (Option.isSome(renewed) && !renewed.value) return yield* held.lose("NotHeld")
         if (Option.isSome(renewed)) {
           confirmedAt = attemptedAt
           deadline = Math.max(deadline, attemptedAt + spec.watchdogMs - driftMs(spec.watchdogMs))
@@ -328,6 +468,6 @@ const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentA
     })
     // forked from an uninterruptible region: both must stay interruptible so the scope can close
     yield* Effect.forkIn(Effect.interruptible(timer), scope)
-    if (spec.leaseMs === undefined) yield* Effect.forkIn(Effect.interruptible(watchdog), scope)
+    if (spec.leaseMs === undefined) watchdogFiber = yield* Effect.forkIn(Effect.interruptible(watchdog), scope)
     return held
   })

@@ -28,10 +28,12 @@ export const key = (input: unknown): Effect.Effect<string, InvalidLockOptions> =
 export const millis = (
   field: string,
   input: unknown,
-  options?: { readonly allowInfinite?: boolean }
+  options?: { readonly allowInfinite?: boolean; readonly minMillis?: number }
 ): Effect.Effect<number, InvalidLockOptions> => {
   if (typeof input === "number" && Number.isNaN(input)) return invalid(field, "must not be NaN")
   if (typeof input === "number" && input <= 0) return invalid(field, `must be positive, got ${input}`)
+  // decoding clamps negative input to zero: say what was given
+  if (isNegative(input)) return invalid(field, `must be positive, got ${formatInput(input)}`)
   const decoded = Duration.decodeUnknown(input)
   if (Option.isNone(decoded)) return invalid(field, `is not a duration: ${String(input)}`)
   const ms = Duration.toMillis(decoded.value)
@@ -41,10 +43,32 @@ export const millis = (
   }
   const whole = Math.floor(ms)
   if (whole < 1) return invalid(field, `must be at least 1 millisecond, got ${Duration.format(decoded.value)}`)
+  const min = options?.minMillis ?? 1
+  if (whole < min) {
+    return invalid(
+      field,
+      `must be at least ${min} ms, got ${whole} ms: the allowance for clock drift (1% + 5 ms) would leave the lease next to nothing`
+    )
+  }
   // timers further out than this never fire
   if (whole > maxMillis) return invalid(field, `must be at most ${maxMillis} ms (about 24.8 days)`)
   return Effect.succeed(whole)
 }
+
+const isNegative = (input: unknown): boolean => {
+  if (typeof input === "bigint") return input < 0n
+  if (typeof input === "string") return /^\s*-/.test(input)
+  if (Array.isArray(input)) return input.some((part) => typeof part === "number" && part < 0)
+  return false
+}
+
+const formatInput = (input: unknown): string => (Array.isArray(input) ? `[${input.join(", ")}]` : String(input))
+
+/**
+ * The shortest lease or watchdog accepted. Every local deadline gives away 1% + 5 ms for clock
+ * drift; below this, a lease would be lost almost as soon as it was granted.
+ */
+export const minLeaseMillis = 20
 
 /** A whole number of permits, from 1 to `max`. */
 export const count = (field: string, input: unknown, max: number): Effect.Effect<number, InvalidLockOptions> => {
@@ -58,6 +82,6 @@ export const count = (field: string, input: unknown, max: number): Effect.Effect
 export const optionalMillis = (
   field: string,
   input: unknown,
-  options?: { readonly allowInfinite?: boolean }
+  options?: { readonly allowInfinite?: boolean; readonly minMillis?: number }
 ): Effect.Effect<number | undefined, InvalidLockOptions> =>
   input === undefined ? Effect.succeed(undefined) : millis(field, input, options)

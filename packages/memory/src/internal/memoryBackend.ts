@@ -1,6 +1,6 @@
 import type { Clock, Scope } from "effect"
-import { Effect, Exit } from "effect"
-import type * as LockBackend from "@lockstep/core/LockBackend"
+import { Effect, Either, Exit } from "effect"
+import * as LockBackend from "@lockstep/core/LockBackend"
 import * as LockError from "@lockstep/core/LockError"
 
 /** One holder's holds on a key. A holder may hold both modes at once (after a downgrade). */
@@ -17,12 +17,24 @@ interface Waiter {
   expiresAt: number
 }
 
-/** Exists only while the key has holders or queue entries. */
+/**
+ * A key's state. It exists while the key has holders or queue entries, and after that for as long
+ * as it remembers ended holders or a fence it must not reissue.
+ */
 interface KeyData {
   readonly holders: Map<string, Hold>
   /** The shared limit, defined while some holder holds the key in shared mode. */
   limit: number | undefined
   queue: Array<Waiter>
+  /**
+   * Holders that ended (`!<holder>` when their release was answered NotHeld, `force|<0|1>|<id>` for
+   * applied forced releases and their answer) -> until when they are remembered, in insertion
+   * order: late copies of their operations change nothing and answer as the first did.
+   */
+  readonly ended: Map<string, number>
+  /** The last fence issued, and until when it must be remembered (0 once it may be forgotten). */
+  fence: number
+  fenceUntil: number
 }
 
 interface Sub {
@@ -36,14 +48,21 @@ interface Sub {
   readonly resumers: Set<() => void>
 }
 
-type AcquireOutcome = LockBackend.AcquireResult | LockError.InvalidLockOptions | LockError.LockUpgradeNotSupported
+type AcquireOutcome =
+  | LockBackend.AcquireResult
+  | LockError.InvalidLockOptions
+  | LockError.LockUpgradeNotSupported
+  | LockError.NotHeld
 
 /** Sizes of the backend's internal maps; used by tests to check nothing leaks. */
 export interface Sizes {
   readonly keys: number
   readonly subscribedKeys: number
   readonly subscriptions: number
+  /** Keys that remember a fence. */
   readonly fences: number
+  /** Remembered ended holders and forced releases, over all keys. */
+  readonly ended: number
 }
 
 /** @internal */
@@ -52,21 +71,29 @@ export interface MemoryBackendInternal {
   readonly sizes: () => Sizes
 }
 
+/** Every this many operations, idle keys of the whole backend are swept. */
+const sweepEvery = 1024
+
 /** @internal */
 export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   const keys = new Map<string, KeyData>()
-  // Fence counters outlive the key state so a fence is never reissued.
-  const fences = new Map<string, number>()
   // Per key, in arrival order (Set iteration order is insertion order).
   const subscriptions = new Map<string, Set<Sub>>()
+  let operations = 0
 
   // All operations read time synchronously from Effect's Clock and apply their whole state
   // transition in one synchronous block: JS is single-threaded, so each operation is atomic.
   const atomically = <A, E>(f: (now: number) => Effect.Effect<A, E>): Effect.Effect<A, E> =>
     // monotonic: a wall-clock step must not expire leases early
-    Effect.clockWith((clock: Clock.Clock) => Effect.suspend(() => f(Number(clock.unsafeCurrentTimeNanos()) / 1_000_000)))
+    Effect.clockWith((clock: Clock.Clock) =>
+      Effect.suspend(() => {
+        const now = Number(clock.unsafeCurrentTimeNanos()) / 1_000_000
+        if (++operations % sweepEvery === 0) sweep(now)
+        return f(now)
+      })
+    )
 
-  /** Drops expired holders and queue entries; `true` if anything was dropped. */
+  /** Drops expired holders and queue entries; `true` if a holder or waiter was dropped. */
   const prune = (key: string, now: number): boolean => {
     const data = keys.get(key)
     if (data === undefined) return false
@@ -82,14 +109,24 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       data.queue = queue
       dropped = true
     }
+    // oldest first: stop at the first entry still remembered (a longer-lived one may hold a few
+    // shorter ones back a little, never forever)
+    for (const [id, until] of data.ended) {
+      if (until > now) break
+      data.ended.delete(id)
+    }
     return dropped
   }
 
-  /** Forgets the limit once no shared holder is left, and the whole key once it is empty. */
-  const tidy = (key: string): void => {
+  /** Whether `id` ended (or a forced release `id` was applied) recently enough to be remembered. */
+  const hasEnded = (data: KeyData | undefined, id: string, now: number): boolean =>
+    (data?.ended.get(id) ?? 0) > now
+
+  /** Forgets the limit once no shared holder is left, and the whole key once nothing of it is needed. */
+  const tidy = (key: string, now: number): void => {
     const data = keys.get(key)
     if (data === undefined) return
-    if (data.holders.size === 0 && data.queue.length === 0) {
+    if (data.holders.size === 0 && data.queue.length === 0 && data.ended.size === 0 && data.fenceUntil <= now) {
       keys.delete(key)
       return
     }
@@ -103,19 +140,43 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     if (!hasShared) data.limit = undefined
   }
 
+  /** Collects keys nobody touched since their holds and memories expired. */
+  const sweep = (now: number): void => {
+    for (const key of [...keys.keys()]) {
+      if (prune(key, now)) wake(key)
+      tidy(key, now)
+    }
+  }
+
   const keyData = (key: string): KeyData => {
     let data = keys.get(key)
     if (data === undefined) {
-      data = { holders: new Map(), limit: undefined, queue: [] }
+      data = { holders: new Map(), limit: undefined, queue: [], ended: new Map(), fence: 0, fenceUntil: 0 }
       keys.set(key, data)
     }
     return data
   }
 
-  const nextFence = (key: string): number => {
-    const fence = (fences.get(key) ?? 0) + 1
-    fences.set(key, fence)
-    return fence
+  /**
+   * Greater than every fence issued on the key, and never below the clock in microseconds. The
+   * fence is remembered for a lease, and until the clock has passed it: a grant after that starts
+   * from the clock and still issues a greater one.
+   */
+  const nextFence = (data: KeyData, now: number, leaseMs: number): number => {
+    data.fence = Math.max(data.fence + 1, Math.floor(now * 1000))
+    data.fenceUntil = Math.max(data.fenceUntil, now + leaseMs, data.fence / 1000 + 1)
+    return data.fence
+  }
+
+  /** The entry of a holder whose release was answered NotHeld. */
+  const notHeldId = (holder: string) => `!${holder}`
+  /** The entry of an applied forced release, with its answer. */
+  const forcedId = (id: string, held: boolean) => `force|${held ? 1 : 0}|${id}`
+
+  /** Remembers that `id` ended, so late copies of its operations change nothing. */
+  const remember = (data: KeyData, id: string, until: number): void => {
+    data.ended.delete(id)
+    data.ended.set(id, until)
   }
 
   const signal = (sub: Sub): void => {
@@ -189,146 +250,161 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     return { _tag: "Denied", retryAfterMs }
   }
 
-  const acquireExclusive = (request: LockBackend.AcquireRequest, now: number): AcquireOutcome => {
-    const { holder, key } = request
-    const data = keys.get(key)
-    const own = data?.holders.get(holder)
-    if (data !== undefined && own !== undefined) {
-      if (own.exclusive === 0) return new LockError.LockUpgradeNotSupported({ key, holder })
-      // Re-entry: never held back by the queue (the holder is not queued anyway).
-      own.exclusive += 1
-      extend(own, now, request.leaseMs)
-      removeFromQueue(data, holder)
-      return { _tag: "Granted", fence: own.fence, count: own.exclusive }
-    }
-    const blockers = data === undefined ? [] : [...data.holders.values()]
-    const ahead = request.fair ? queueAhead(data, holder) : []
-    if (blockers.length > 0 || ahead.length > 0) return deny(request, now, blockers, ahead, request.fair)
-    const granted = keyData(key)
-    const fence = nextFence(key)
-    granted.holders.set(holder, { exclusive: 1, shared: 0, permits: 0, fence, expiresAt: now + request.leaseMs })
-    removeFromQueue(granted, holder)
-    return { _tag: "Granted", fence, count: 1 }
-  }
-
-  const acquireShared = (request: LockBackend.AcquireRequest, now: number): AcquireOutcome => {
-    const { holder, key, limit, permits } = request
-    const data = keys.get(key)
-    if (data?.limit !== undefined && data.limit !== limit) {
-      return new LockError.InvalidLockOptions({
-        field: "limit",
-        reason: `"${key}" is held with limit ${data.limit}, the request names limit ${limit}`
-      })
-    }
-    if (permits > limit) {
-      // Could never be granted: report it instead of letting the caller wait forever.
-      return new LockError.InvalidLockOptions({
-        field: "permits",
-        reason: `${permits} permits exceed the limit ${limit} of "${key}"`
-      })
-    }
-    const own = data?.holders.get(holder)
-    if (data !== undefined && own !== undefined && own.shared > 0) {
-      // Re-entry keeps the permits of the first shared grant.
-      own.shared += 1
-      extend(own, now, request.leaseMs)
-      removeFromQueue(data, holder)
-      return { _tag: "Granted", fence: own.fence, count: own.shared }
-    }
+  /** Live holds of others that keep `request` out by the mode rules. */
+  const blockersOf = (data: KeyData | undefined, request: LockBackend.AcquireRequest): Array<Hold> => {
     const blockers: Array<Hold> = []
+    if (data === undefined) return blockers
+    if (request.mode === "exclusive") {
+      for (const [other, hold] of data.holders) if (other !== request.holder) blockers.push(hold)
+      return blockers
+    }
     const sharedHolds: Array<Hold> = []
     let used = 0
-    if (data !== undefined) {
-      for (const [other, hold] of data.holders) {
-        if (other === holder) continue
-        if (hold.exclusive > 0) blockers.push(hold)
-        if (hold.shared > 0) {
-          used += hold.permits
-          sharedHolds.push(hold)
-        }
+    for (const [other, hold] of data.holders) {
+      if (other === request.holder) continue
+      if (hold.exclusive > 0) blockers.push(hold)
+      if (hold.shared > 0) {
+        used += hold.permits
+        sharedHolds.push(hold)
       }
     }
     // Any shared holder leaving may free enough permits.
-    if (used + permits > limit) blockers.push(...sharedHolds)
-    // A current holder (a writer downgrading) skips the queue: queuing behind waiters that wait for
-    // its own write lock would deadlock.
-    const queued = request.fair && own === undefined
-    const ahead = queued ? queueAhead(data, holder) : []
-    if (blockers.length > 0 || ahead.length > 0) return deny(request, now, blockers, ahead, queued)
-    const granted = keyData(key)
-    granted.limit = limit
-    removeFromQueue(granted, holder)
-    if (own !== undefined) {
-      own.shared = 1
-      own.permits = permits
-      extend(own, now, request.leaseMs)
-      return { _tag: "Granted", fence: own.fence, count: 1 }
+    if (used + request.permits > request.limit) blockers.push(...sharedHolds)
+    return blockers
+  }
+
+  const acquireOnce = (request: LockBackend.AcquireRequest, now: number): AcquireOutcome => {
+    const { holder, key, limit, mode, permits } = request
+    const data = keys.get(key)
+    if (mode === "shared") {
+      if (data?.limit !== undefined && data.limit !== limit) {
+        return new LockError.InvalidLockOptions({
+          field: "limit",
+          reason: `"${key}" is held with limit ${data.limit}, the request names limit ${limit}`
+        })
+      }
+      if (permits > limit) {
+        // Could never be granted: report it instead of letting the caller wait forever.
+        return new LockError.InvalidLockOptions({
+          field: "permits",
+          reason: `${permits} permits exceed the limit ${limit} of "${key}"`
+        })
+      }
     }
-    const fence = nextFence(key)
-    granted.holders.set(holder, { exclusive: 0, shared: 1, permits, fence, expiresAt: now + request.leaseMs })
+    const own = data?.holders.get(holder)
+    if (data !== undefined && own !== undefined) {
+      const count = mode === "exclusive" ? own.exclusive : own.shared
+      if (count > 0) {
+        // Re-entry, or a copy of one already applied: the count becomes the requested one.
+        if (mode === "exclusive") own.exclusive = request.count
+        else own.shared = request.count
+        extend(own, now, request.leaseMs)
+        removeFromQueue(data, holder)
+        return { _tag: "Granted", fence: own.fence, count: request.count }
+      }
+      if (mode === "exclusive") return new LockError.LockUpgradeNotSupported({ key, holder })
+      // A writer taking the read lock: a current holder skips the queue, which would deadlock.
+      const blockers = blockersOf(data, request)
+      if (blockers.length > 0) return deny(request, now, blockers, [], false)
+      own.shared = request.count
+      own.permits = permits
+      data.limit = limit
+      extend(own, now, request.leaseMs)
+      removeFromQueue(data, holder)
+      return { _tag: "Granted", fence: own.fence, count: request.count }
+    }
+    // Not a holder: a re-entry whose hold is gone, or a late copy from a holder that ended.
+    if (request.count > 1 || hasEnded(data, holder, now) || hasEnded(data, notHeldId(holder), now)) {
+      return new LockError.NotHeld({ key, holder })
+    }
+    const blockers = blockersOf(data, request)
+    const ahead = request.fair ? queueAhead(data, holder) : []
+    if (blockers.length > 0 || ahead.length > 0) return deny(request, now, blockers, ahead, request.fair)
+    const granted = keyData(key)
+    const fence = nextFence(granted, now, request.leaseMs)
+    granted.holders.set(holder, {
+      exclusive: mode === "exclusive" ? 1 : 0,
+      shared: mode === "shared" ? 1 : 0,
+      permits: mode === "shared" ? permits : 0,
+      fence,
+      expiresAt: now + request.leaseMs
+    })
+    if (mode === "shared") granted.limit = limit
+    removeFromQueue(granted, holder)
     return { _tag: "Granted", fence, count: 1 }
   }
 
   const acquire: LockBackend.Service["acquire"] = (request) =>
     atomically((now) => {
       const dropped = prune(request.key, now)
-      const outcome = request.mode === "exclusive" ? acquireExclusive(request, now) : acquireShared(request, now)
+      const outcome = acquireOnce(request, now)
       // A shared grant passes the wake-up on so several readers / permit takers can enter after
       // one release; the requester itself is awake already.
       const sharedGrant = request.mode === "shared" && outcome._tag === "Granted"
       if (dropped || sharedGrant) wake(request.key, request.holder)
-      tidy(request.key)
+      tidy(request.key, now)
       return outcome._tag === "Granted" || outcome._tag === "Denied" ? Effect.succeed(outcome) : Effect.fail(outcome)
     })
 
-  const release: LockBackend.Service["release"] = ({ holder, key, mode }) =>
+  const release: LockBackend.Service["release"] = ({ count, holder, key, leaseMs, mode }) =>
     atomically((now) => {
       const dropped = prune(key, now)
       const data = keys.get(key)
       const hold = data?.holders.get(holder)
-      const count = hold === undefined ? 0 : mode === "exclusive" ? hold.exclusive : hold.shared
-      if (data === undefined || hold === undefined || count === 0) {
-        if (dropped) wake(key)
-        tidy(key)
-        return Effect.fail(new LockError.NotHeld({ key, holder }))
+      let outcome: Effect.Effect<number, LockError.NotHeld>
+      let woken = dropped
+      if (data === undefined || hold === undefined) {
+        // a copy of a last release succeeds again, a copy of a NotHeld answers NotHeld again; the
+        // holder is remembered as ended either way, so a late copy of its acquisition grants nothing
+        const released = hasEnded(data, holder, now)
+        outcome = released ? Effect.succeed(0) : Effect.fail(new LockError.NotHeld({ key, holder }))
+        remember(keyData(key), released ? holder : notHeldId(holder), now + leaseMs)
+      } else {
+        const current = mode === "exclusive" ? hold.exclusive : hold.shared
+        // a count below the caller's: a copy of a release already applied
+        const remaining = current >= count ? count - 1 : current
+        if (mode === "exclusive") hold.exclusive = remaining
+        else hold.shared = remaining
+        if (mode === "shared" && remaining === 0) hold.permits = 0
+        if (current > 0 && remaining === 0) woken = true
+        if (hold.exclusive === 0 && hold.shared === 0) {
+          data.holders.delete(holder)
+          remember(data, holder, now + leaseMs)
+        }
+        outcome = Effect.succeed(remaining)
       }
-      const remaining = count - 1
-      if (mode === "exclusive") hold.exclusive = remaining
-      else hold.shared = remaining
-      if (remaining === 0 && mode === "shared") hold.permits = 0
-      if (hold.exclusive === 0 && hold.shared === 0) data.holders.delete(holder)
-      if (dropped || remaining === 0) wake(key)
-      tidy(key)
-      return Effect.succeed(remaining)
+      if (woken) wake(key)
+      tidy(key, now)
+      return outcome
     })
 
   const renew: LockBackend.Service["renew"] = (requests) =>
     atomically((now) => {
       const touched = new Set<string>()
       const toWake = new Set<string>()
-      const results = requests.map(({ holder, key, leaseMs }) => {
+      const results = requests.map(({ holder, key, leaseMs }): LockBackend.RenewResult => {
         if (!touched.has(key)) {
           touched.add(key)
           if (prune(key, now)) toWake.add(key)
         }
         const hold = keys.get(key)?.holders.get(holder)
-        if (hold === undefined) return false
+        if (hold === undefined) return Either.right(false)
         extend(hold, now, leaseMs)
-        return true
+        return Either.right(true)
       })
       for (const key of toWake) wake(key)
-      for (const key of touched) tidy(key)
+      for (const key of touched) tidy(key, now)
       return Effect.succeed(results)
     })
 
   const inspect: LockBackend.Service["inspect"] = (key) =>
     atomically((now) => {
       if (prune(key, now)) wake(key)
-      tidy(key)
+      tidy(key, now)
       const data = keys.get(key)
       return Effect.succeed<LockBackend.KeyState>({
         key,
-        fence: fences.get(key) ?? 0,
+        fence: data !== undefined && data.fenceUntil > now ? data.fence : 0,
         limit: data?.limit,
         holders: data === undefined ? [] : [...data.holders].map(([holder, hold]) => ({
           holder,
@@ -342,26 +418,35 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       })
     })
 
-  const forceRelease: LockBackend.Service["forceRelease"] = (key) =>
+  const forceRelease: LockBackend.Service["forceRelease"] = ({ id, key }) =>
     atomically((now) => {
       const dropped = prune(key, now)
       const data = keys.get(key)
-      const held = data !== undefined && data.holders.size > 0
-      data?.holders.clear()
+      // a copy answers as the first delivery did
+      if (hasEnded(data, forcedId(id, true), now)) return Effect.succeed(true)
+      if (hasEnded(data, forcedId(id, false), now)) return Effect.succeed(false)
+      const target = keyData(key)
+      const held = target.holders.size > 0
+      // the dropped holders' late copies must not re-enter: remember them until they would have expired
+      for (const [holder, hold] of target.holders) remember(target, holder, hold.expiresAt)
+      target.holders.clear()
+      remember(target, forcedId(id, held), now + LockBackend.forceReleaseMemoryMs)
       if (dropped || held) wake(key)
-      tidy(key)
+      tidy(key, now)
       return Effect.succeed(held)
     })
 
-  const cancel: LockBackend.Service["cancel"] = (key, holder) =>
+  const cancel: LockBackend.Service["cancel"] = ({ holder, key, leaseMs }) =>
     atomically((now) => {
       const dropped = prune(key, now)
       const data = keys.get(key)
       const headBefore = data?.queue[0]?.holder
       if (data !== undefined) removeFromQueue(data, holder)
+      // a waiter that left must not be queued again by a late copy of one of its attempts
+      if (data?.holders.has(holder) !== true) remember(keyData(key), holder, now + leaseMs)
       // The canceller is leaving, so it is not the one to wake.
-      if (dropped || data?.queue[0]?.holder !== headBefore) wake(key, holder)
-      tidy(key)
+      if (dropped || keys.get(key)?.queue[0]?.holder !== headBefore) wake(key, holder)
+      tidy(key, now)
       return Effect.void
     })
 
@@ -420,7 +505,13 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     sizes: () => {
       let subs = 0
       for (const set of subscriptions.values()) subs += set.size
-      return { keys: keys.size, subscribedKeys: subscriptions.size, subscriptions: subs, fences: fences.size }
+      let fences = 0
+      let ended = 0
+      for (const data of keys.values()) {
+        if (data.fence > 0) fences++
+        ended += data.ended.size
+      }
+      return { keys: keys.size, subscribedKeys: subscriptions.size, subscriptions: subs, fences, ended }
     }
   }
 }

@@ -1,8 +1,9 @@
 import { createHash } from "node:crypto"
 import type { Scope } from "effect"
-import { Deferred, Duration, Effect, FiberId, Queue } from "effect"
+import { Deferred, Duration, Effect, Either, FiberId, Queue } from "effect"
 import calculateSlot from "cluster-key-slot"
 import type * as LockBackend from "@lockstep/core/LockBackend"
+import { forceReleaseMemoryMs } from "@lockstep/core/LockBackend"
 import { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
 import * as scripts from "./scripts.js"
@@ -34,7 +35,8 @@ export const keysOf = (key: string) => [
   `redisson_lock_token:{${key}}`,
   channelOf(key),
   `lockstep_queue:{${key}}`,
-  `lockstep_queue_timeout:{${key}}`
+  `lockstep_queue_timeout:{${key}}`,
+  `lockstep_ended:{${key}}`
 ]
 
 export const channelOf = (key: string) => `redisson_lock__channel:{${key}}`
@@ -114,9 +116,12 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
           request.limit === Infinity ? -1 : request.limit,
           request.leaseMs,
           request.fair ? "1" : "0",
-          request.waiterTtlMs
+          request.waiterTtlMs,
+          request.count
         ]),
-        (reply): Effect.Effect<LockBackend.AcquireResult, BackendError | InvalidLockOptions | LockUpgradeNotSupported> => {
+        (
+          reply
+        ): Effect.Effect<LockBackend.AcquireResult, BackendError | InvalidLockOptions | LockUpgradeNotSupported | NotHeld> => {
           const [code, a, b] = reply as [number, number?, number?]
           switch (code) {
             case 1:
@@ -137,6 +142,8 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
               return Effect.fail(
                 new InvalidLockOptions({ field: "permits", reason: `${request.permits} permits exceed the limit ${request.limit}` })
               )
+            case 5:
+              return Effect.fail(new NotHeld({ key: request.key, holder: request.holder }))
             default:
               return Effect.fail(new BackendError({ operation: "acquire", cause: new Error(`unexpected reply ${String(reply)}`) }))
           }
@@ -145,7 +152,12 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
 
     const release = (request: LockBackend.ReleaseRequest) =>
       Effect.flatMap(
-        run(releaseScript, keysOf(request.key), [request.holder, request.mode === "exclusive" ? "x" : "s"]),
+        run(releaseScript, keysOf(request.key), [
+          request.holder,
+          request.mode === "exclusive" ? "x" : "s",
+          request.count,
+          request.leaseMs
+        ]),
         (reply) =>
           asNumber(reply) < 0
             ? Effect.fail(new NotHeld({ key: request.key, holder: request.holder }))
@@ -176,12 +188,20 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
                 indexes.map((i) => requests[i]!.key),
                 indexes.flatMap((i) => [requests[i]!.holder, requests[i]!.leaseMs])
               ),
-              (reply) => indexes.map((index, j) => [index, (reply as Array<number>)[j] === 1] as const)
+              (reply) =>
+                indexes.map((index, j) => {
+                  const answer = (reply as Array<number | string>)[j]
+                  const result: LockBackend.RenewResult = typeof answer === "string"
+                    // this lease's own error (a key of another type, say): the others are unaffected
+                    ? Either.left(new BackendError({ operation: "renew", cause: new Error(answer) }))
+                    : Either.right(answer === 1)
+                  return [index, result] as const
+                })
             ),
           { concurrency: "unbounded" }
         ),
         (parts) => {
-          const out = new Array<boolean>(requests.length).fill(false)
+          const out = new Array<LockBackend.RenewResult>(requests.length).fill(Either.right(false))
           for (const part of parts) for (const [index, ok] of part) out[index] = ok
           return out
         }
@@ -190,7 +210,10 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
 
     // Renewals arriving together (the watchdogs share a schedule) leave in one batch.
     const pending = yield* Queue.unbounded<
-      { readonly request: LockBackend.RenewRequest; readonly done: Deferred.Deferred<boolean, BackendError> }
+      {
+        readonly request: LockBackend.RenewRequest
+        readonly done: Deferred.Deferred<LockBackend.RenewResult, BackendError>
+      }
     >()
     yield* Effect.forkScoped(Effect.forever(Effect.gen(function*() {
       const first = yield* Queue.take(pending)
@@ -201,7 +224,8 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
         Effect.catchAllDefect((cause) => Effect.fail(new BackendError({ operation: "renew", cause }))),
         Effect.matchEffect({
           onFailure: (error) => Effect.forEach(batch, (b) => Deferred.fail(b.done, error), { discard: true }),
-          onSuccess: (results) => Effect.forEach(batch, (b, i) => Deferred.succeed(b.done, results[i] ?? false), { discard: true })
+          onSuccess: (results) =>
+            Effect.forEach(batch, (b, i) => Deferred.succeed(b.done, results[i] ?? Either.right(false)), { discard: true })
         })
       )
     })))
@@ -209,7 +233,10 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
     // queued all at once and awaited in order: no fiber per renewal, it is the hot path at scale
     const renew = (requests: ReadonlyArray<LockBackend.RenewRequest>) =>
       Effect.suspend(() => {
-        const entries = requests.map((request) => ({ request, done: Deferred.unsafeMake<boolean, BackendError>(FiberId.none) }))
+        const entries = requests.map((request) => ({
+          request,
+          done: Deferred.unsafeMake<LockBackend.RenewResult, BackendError>(FiberId.none)
+        }))
         return Effect.zipRight(Queue.offerAll(pending, entries), Effect.forEach(entries, ({ done }) => Deferred.await(done)))
       })
 
@@ -243,8 +270,12 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
       release,
       renew,
       inspect,
-      forceRelease: (key) => Effect.map(run(forceReleaseScript, keysOf(key), []), (reply) => asNumber(reply) === 1),
-      cancel: (key, holder) => Effect.asVoid(run(cancelScript, keysOf(key), [holder])),
+      forceRelease: ({ id, key }) =>
+        Effect.map(
+          run(forceReleaseScript, keysOf(key), [id, forceReleaseMemoryMs]),
+          (reply) => asNumber(reply) === 1
+        ),
+      cancel: ({ holder, key, leaseMs }) => Effect.asVoid(run(cancelScript, keysOf(key), [holder, leaseMs])),
       subscribe: (key, holder, mode) =>
         Effect.mapError(wakeups.subscribe(channelOf(key), holder, mode), (cause) =>
           cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause }))
