@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe } from "@effect/vitest"
 import { Effect, Exit, Layer, Scope } from "effect"
-import type { ClusterNode } from "ioredis"
+import { Redis } from "ioredis"
 import { RedisBackend } from "@lockstep/redis"
-import { Conformance, RedisServer } from "@lockstep/testkit"
+import { Conformance, FaultyBackend, RedisServer } from "@lockstep/testkit"
 
 const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"
 const available = await Effect.runPromise(RedisServer.available)
@@ -14,7 +14,7 @@ describe.runIf(available || required)("Redis backend on a 3-master Redis Cluster
   // one cluster for the file (starting one takes seconds); every test uses fresh random keys,
   // which land in different slots and so on different masters
   const scope = Effect.runSync(Scope.make())
-  const nodes: Array<ClusterNode> = []
+  const nodes: Array<{ readonly host: string; readonly port: number }> = []
   beforeAll(async () => {
     const cluster = await Effect.runPromise(Scope.extend(RedisServer.makeCluster(), scope))
     nodes.push(...cluster.startupNodes.map(({ host, port }) => ({ host, port })))
@@ -22,5 +22,13 @@ describe.runIf(available || required)("Redis backend on a 3-master Redis Cluster
   afterAll(() => Effect.runPromise(Scope.close(scope, Exit.void)))
 
   const layer = Layer.suspend(() => RedisBackend.layerFrom({ cluster: nodes })).pipe(Layer.orDie)
-  Conformance.suite({ name: "redis-cluster", layer, clock: "live" })
+  // the data-loss tests empty every master with FLUSHALL
+  const wipe = Effect.forEach(nodes, ({ host, port }) =>
+    Effect.acquireUseRelease(
+      Effect.sync(() => new Redis({ host, port })),
+      (client) => Effect.promise(() => client.flushall()),
+      (client) => Effect.sync(() => client.disconnect())
+    ), { discard: true })
+  const dataLoss = Layer.merge(layer, Layer.succeed(FaultyBackend.DataLoss, { wipe }))
+  Conformance.suite({ name: "redis-cluster", layer, clock: "live", dataLoss })
 })

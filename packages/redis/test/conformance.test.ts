@@ -1,7 +1,8 @@
 import { describe } from "@effect/vitest"
 import { Effect, Layer } from "effect"
+import { Redis } from "ioredis"
 import { RedisBackend } from "@lockstep/redis"
-import { Conformance, RedisServer } from "@lockstep/testkit"
+import { Conformance, FaultyBackend, RedisServer } from "@lockstep/testkit"
 
 const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"
 const available = await Effect.runPromise(RedisServer.available)
@@ -12,5 +13,12 @@ if (!available) {
 describe.runIf(available || required)("Redis backend on a real redis-server", () => {
   // each test gets a server of its own, started on a free loopback port and killed afterwards
   const server = Layer.unwrapScoped(Effect.map(RedisServer.make(), (s) => RedisBackend.layerFrom(s.url))).pipe(Layer.orDie)
-  Conformance.suite({ name: "redis", layer: server, clock: "live" })
+  // the data-loss tests empty the server with FLUSHALL, as a restart without persistence would
+  const dataLoss = Layer.unwrapScoped(Effect.gen(function*() {
+    const redis = yield* RedisServer.make()
+    const raw = yield* Effect.acquireRelease(Effect.sync(() => new Redis(redis.url)), (c) => Effect.sync(() => c.disconnect()))
+    const wipe = Effect.asVoid(Effect.promise(() => raw.flushall()))
+    return Layer.merge(RedisBackend.layerFrom(redis.url), Layer.succeed(FaultyBackend.DataLoss, { wipe }))
+  })).pipe(Layer.orDie)
+  Conformance.suite({ name: "redis", layer: server, clock: "live", dataLoss })
 })

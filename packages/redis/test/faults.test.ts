@@ -367,8 +367,9 @@ describe.runIf(runnable)("Redis backend faults on a real redis-server", () => {
       for (const tag of lateTags) assert.oneOf(tag, ["BackendError", "LockTimeout"])
 
       // the server now runs the scripts it received while paused: the first may grant the lock
-      // to a holder whose acquisition already failed on the client. Such an orphan grant carries
-      // no more than its lease, and another process gets the lock once it is over.
+      // to a holder whose acquisition already failed on the client. That client released it
+      // best-effort when the call failed, and the release runs right behind it: another process
+      // gets the lock at once, not a lease later.
       const orphanTtl = Math.max(0, ...rightAfter.holders.map((h) => h.ttlMs))
       assert.isAtMost(rightAfter.holders.length, 1)
       assert.isAtMost(orphanTtl, WATCHDOG_MS, "an orphan grant carries more than its lease")
@@ -379,7 +380,7 @@ describe.runIf(runnable)("Redis backend faults on a real redis-server", () => {
       console.log(
         `[faults] pause: another backend got the lock (fence ${otherFence}) ${grantedAfterResume.toFixed(0)} ms after the resume`
       )
-      assert.isBelow(grantedAfterResume, WATCHDOG_MS + 2_000)
+      assert.isBelow(grantedAfterResume, WATCHDOG_MS / 2, "an orphan grant outlived the failed acquisition")
       assert.deepStrictEqual(later.holders, [])
     }))
 
@@ -425,7 +426,7 @@ describe.runIf(runnable)("Redis backend faults on a real redis-server", () => {
       // the backend still works for other keys
       const fine = yield* Lock.make("faults-wrongtype-fine").pipe(withBackend(backend))
       const fence = yield* Effect.scoped(Effect.map(Lock.acquire(fine), (l) => l.fence))
-      assert.strictEqual(fence, 1)
+      assert.isAbove(fence, 0)
     }))
 
   it.scopedLive("scripts flushed from the server (NOSCRIPT) are loaded again, also under concurrent use", () =>

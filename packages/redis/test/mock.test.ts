@@ -1,23 +1,25 @@
 import { afterAll, beforeAll, describe } from "@effect/vitest"
-import { Effect, Layer } from "effect"
+import { Context, Effect, Layer } from "effect"
 import RedisMock from "ioredis-mock"
 import type { Redis } from "ioredis"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { RedisBackend } from "@lockstep/redis"
-import { Conformance } from "@lockstep/testkit"
+import { Conformance, FaultyBackend } from "@lockstep/testkit"
 
 let port = 40_000
 /** A fresh in-process mock per test: ioredis-mock runs the backend's Lua scripts in its own Lua VM. */
-const mock = Layer.scoped(
-  LockBackend,
-  Effect.flatMap(
-    Effect.acquireRelease(
-      Effect.sync(() => new RedisMock({ port: port++ }) as unknown as Redis),
-      (client) => Effect.sync(() => client.disconnect())
-    ),
-    (client) => RedisBackend.make({ client })
-  )
+const mockClient = Effect.acquireRelease(
+  Effect.sync(() => new RedisMock({ port: port++ }) as unknown as Redis),
+  (client) => Effect.sync(() => client.disconnect())
 )
+const mock = Layer.scoped(LockBackend, Effect.flatMap(mockClient, (client) => RedisBackend.make({ client })))
+// the data-loss tests empty the mock with FLUSHALL
+const dataLoss = Layer.scopedContext(Effect.gen(function*() {
+  const client = yield* mockClient
+  const backend = yield* RedisBackend.make({ client })
+  const wipe = Effect.asVoid(Effect.promise(() => client.flushall()))
+  return Context.make(LockBackend, backend).pipe(Context.add(FaultyBackend.DataLoss, { wipe }))
+}))
 
 // ioredis-mock's TIME pairs Math.round(Date.now() / 1000) seconds with the nanosecond part of
 // process.hrtime() as microseconds: unrelated numbers, so the server clock the scripts read would
@@ -40,5 +42,5 @@ afterAll(() => {
 })
 
 describe("Redis backend on ioredis-mock", () => {
-  Conformance.suite({ name: "ioredis-mock", layer: mock, clock: "live" })
+  Conformance.suite({ name: "ioredis-mock", layer: mock, clock: "live", dataLoss })
 })

@@ -8,6 +8,7 @@
 import { describe, it } from "@effect/vitest"
 import type { Layer } from "effect"
 import type { LockBackend } from "@lockstep/core/LockBackend"
+import type { DataLoss } from "./FaultyBackend.js"
 import * as internal from "./internal/conformance.js"
 
 /**
@@ -36,6 +37,13 @@ export interface Harness {
   readonly clock: "test" | "live"
   /** Model-based runs (default 200). */
   readonly modelRuns?: number | undefined
+  /**
+   * A backend that can lose its data on demand (`FaultyBackend.DataLoss`), for the data-loss
+   * tests: for a server, a layer whose `wipe` empties it (FLUSHALL, or a restart without
+   * persistence). Default: `FaultyBackend.losingData(layer)`, which builds a fresh backend in
+   * place of the old one — right for in-process backends, whose state lives in the instance.
+   */
+  readonly dataLoss?: Layer.Layer<LockBackend | DataLoss> | undefined
 }
 
 /**

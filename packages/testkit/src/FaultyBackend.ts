@@ -8,7 +8,8 @@
  *
  * @since 0.1.0
  */
-import { Effect, Layer, Random, Ref } from "effect"
+import type { Duration } from "effect"
+import { Context, Effect, ExecutionStrategy, Exit, Layer, Random, Ref, Scope } from "effect"
 import type { AcquireResult, Service } from "@lockstep/core/LockBackend"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { BackendError } from "@lockstep/core/LockError"
@@ -210,8 +211,8 @@ export const failing = (options: FailingOptions) => (backend: Service): Service 
     release: (request) => inject("release", backend.release(request)),
     renew: (requests) => inject("renew", backend.renew(requests)),
     inspect: (key) => inject("inspect", backend.inspect(key)),
-    forceRelease: (key) => inject("forceRelease", backend.forceRelease(key)),
-    cancel: (key, holder) => inject("cancel", backend.cancel(key, holder)),
+    forceRelease: (request) => inject("forceRelease", backend.forceRelease(request)),
+    cancel: (request) => inject("cancel", backend.cancel(request)),
     subscribe: (key, holder, mode) => inject("subscribe", backend.subscribe(key, holder, mode))
   }
 }
@@ -234,3 +235,219 @@ export const failingLayer = (
   options: FailingOptions
 ): <E, R>(layer: Layer.Layer<LockBackend, E, R>) => Layer.Layer<LockBackend, E, R> =>
   wrap(failing(options))
+
+/**
+ * Which calls `duplicating` delivers twice, and how.
+ *
+ * @example
+ * ```ts
+ * import type { FaultyBackend } from "@lockstep/testkit"
+ *
+ * // every release runs twice; the caller sees the second run's reply (as after an ioredis resend)
+ * const options: FaultyBackend.DuplicatingOptions = { operation: "release", when: 1 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface DuplicatingOptions {
+  /** The operation(s) to deliver twice (`subscribe` and `inspect` are not state changes and are never duplicated). */
+  readonly operation: Operation | ReadonlyArray<Operation>
+  /** A probability in [0, 1] (from Effect's `Random`), or a predicate on the 1-based call number of that operation. */
+  readonly when: number | ((call: number) => boolean)
+  /**
+   * `undefined` (default): the copy runs right after the original and the caller gets the copy's
+   * reply, as when a client library re-sends a command whose reply was lost. A duration: the
+   * caller gets the original's reply and the copy arrives that much later, in the background (a
+   * late copy).
+   */
+  readonly copyAfter?: Duration.DurationInput | undefined
+}
+
+/**
+ * A backend that delivers chosen operations twice: at-least-once delivery. A correct backend
+ * changes its state once, and its caller cannot tell.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { LockBackend } from "@lockstep/core/LockBackend"
+ * import { FaultyBackend } from "@lockstep/testkit"
+ *
+ * const twice = Effect.map(LockBackend, FaultyBackend.duplicating({ operation: ["acquire", "release"], when: 1 }))
+ * ```
+ *
+ * @since 0.1.0
+ * @category faults
+ */
+export const duplicating = (options: DuplicatingOptions) => (backend: Service): Service => {
+  const operations: ReadonlyArray<Operation> = typeof options.operation === "string"
+    ? [options.operation]
+    : options.operation
+  const calls = new Map<Operation, number>()
+  const when = options.when
+  const decide = (operation: Operation): Effect.Effect<boolean> =>
+    Effect.suspend(() => {
+      if (!operations.includes(operation)) return Effect.succeed(false)
+      const call = (calls.get(operation) ?? 0) + 1
+      calls.set(operation, call)
+      return typeof when === "number" ? Effect.map(Random.next, (x) => x < when) : Effect.sync(() => when(call))
+    })
+  const twice = <A, E>(operation: Operation, effect: Effect.Effect<A, E>): Effect.Effect<A, E> =>
+    Effect.flatMap(decide(operation), (copy) => {
+      if (!copy) return effect
+      if (options.copyAfter === undefined) return Effect.zipRight(Effect.exit(effect), effect)
+      return Effect.tap(effect, () => Effect.forkDaemon(Effect.delay(Effect.exit(effect), options.copyAfter!)))
+    })
+  return {
+    clientId: backend.clientId,
+    acquire: (request) => twice("acquire", backend.acquire(request)),
+    release: (request) => twice("release", backend.release(request)),
+    renew: (requests) => twice("renew", backend.renew(requests)),
+    inspect: backend.inspect,
+    forceRelease: (request) => twice("forceRelease", backend.forceRelease(request)),
+    cancel: (request) => twice("cancel", backend.cancel(request)),
+    subscribe: backend.subscribe
+  }
+}
+
+/**
+ * `duplicating` over a layer.
+ *
+ * @example
+ * ```ts
+ * import { FaultyBackend } from "@lockstep/testkit"
+ * import { MemoryBackend } from "@lockstep/memory"
+ *
+ * const twice = FaultyBackend.duplicatingLayer({ operation: "release", when: 1 })(MemoryBackend.layer)
+ * ```
+ *
+ * @since 0.1.0
+ * @category faults
+ */
+export const duplicatingLayer = (
+  options: DuplicatingOptions
+): <E, R>(layer: Layer.Layer<LockBackend, E, R>) => Layer.Layer<LockBackend, E, R> =>
+  wrap(duplicating(options))
+
+/**
+ * A backend whose chosen operations take `delay` before they reach the wrapped backend, so an
+ * interruption or a timeout can land while a call is in flight. The delay is part of the call:
+ * callers that run a call uninterruptibly wait it out too, as they would for a slow network.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { LockBackend } from "@lockstep/core/LockBackend"
+ * import { FaultyBackend } from "@lockstep/testkit"
+ *
+ * const slow = Effect.map(LockBackend, FaultyBackend.slow({ operation: "acquire", delay: "200 millis" }))
+ * ```
+ *
+ * @since 0.1.0
+ * @category faults
+ */
+export const slow = (options: {
+  readonly operation: Operation | ReadonlyArray<Operation>
+  readonly delay: Duration.DurationInput
+}) =>
+(backend: Service): Service => {
+  const operations: ReadonlyArray<Operation> = typeof options.operation === "string"
+    ? [options.operation]
+    : options.operation
+  const delayed = <A, E, R>(operation: Operation, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+    operations.includes(operation) ? Effect.delay(effect, options.delay) : effect
+  return {
+    clientId: backend.clientId,
+    acquire: (request) => delayed("acquire", backend.acquire(request)),
+    release: (request) => delayed("release", backend.release(request)),
+    renew: (requests) => delayed("renew", backend.renew(requests)),
+    inspect: (key) => delayed("inspect", backend.inspect(key)),
+    forceRelease: (request) => delayed("forceRelease", backend.forceRelease(request)),
+    cancel: (request) => delayed("cancel", backend.cancel(request)),
+    subscribe: (key, holder, mode) => delayed("subscribe", backend.subscribe(key, holder, mode))
+  }
+}
+
+/**
+ * `slow` over a layer.
+ *
+ * @example
+ * ```ts
+ * import { FaultyBackend } from "@lockstep/testkit"
+ * import { MemoryBackend } from "@lockstep/memory"
+ *
+ * const slowLayer = FaultyBackend.slowLayer({ operation: "acquire", delay: "100 millis" })(MemoryBackend.layer)
+ * ```
+ *
+ * @since 0.1.0
+ * @category faults
+ */
+export const slowLayer = (options: {
+  readonly operation: Operation | ReadonlyArray<Operation>
+  readonly delay: Duration.DurationInput
+}): <E, R>(layer: Layer.Layer<LockBackend, E, R>) => Layer.Layer<LockBackend, E, R> => wrap(slow(options))
+
+/**
+ * Control over a backend that can lose its data: `wipe` throws the current backend instance away
+ * and builds a fresh one in its place, as a Redis server restarted without persistence (or
+ * FLUSHALL) would. Holders keep their identities; the new instance knows nothing of them.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { FaultyBackend } from "@lockstep/testkit"
+ *
+ * const loseEverything = Effect.flatMap(FaultyBackend.DataLoss, (control) => control.wipe)
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export class DataLoss extends Context.Tag("@lockstep/testkit/FaultyBackend/DataLoss")<
+  DataLoss,
+  { readonly wipe: Effect.Effect<void> }
+>() {}
+
+/**
+ * A `LockBackend` built by `layer` that can lose all its data on demand (`DataLoss.wipe`). The
+ * service keeps the first instance's `clientId`; operations go to the current instance.
+ *
+ * @example
+ * ```ts
+ * import { FaultyBackend } from "@lockstep/testkit"
+ * import { MemoryBackend } from "@lockstep/memory"
+ *
+ * const forgetful = FaultyBackend.losingData(MemoryBackend.layer)
+ * ```
+ *
+ * @since 0.1.0
+ * @category faults
+ */
+export const losingData = <E>(layer: Layer.Layer<LockBackend, E>): Layer.Layer<LockBackend | DataLoss, E> =>
+  Layer.scopedContext(Effect.gen(function*() {
+    const outer = yield* Effect.scope
+    const build = Effect.gen(function*() {
+      const scope = yield* Scope.fork(outer, ExecutionStrategy.sequential)
+      const context = yield* Layer.buildWithScope(layer, scope)
+      return { scope, service: Context.get(context, LockBackend) }
+    })
+    let current = yield* build
+    const wipe = Effect.gen(function*() {
+      const next = yield* Effect.orDie(build)
+      const previous = current
+      current = next
+      yield* Scope.close(previous.scope, Exit.void)
+    })
+    const service: Service = {
+      clientId: current.service.clientId,
+      acquire: (request) => Effect.suspend(() => current.service.acquire(request)),
+      release: (request) => Effect.suspend(() => current.service.release(request)),
+      renew: (requests) => Effect.suspend(() => current.service.renew(requests)),
+      inspect: (key) => Effect.suspend(() => current.service.inspect(key)),
+      forceRelease: (request) => Effect.suspend(() => current.service.forceRelease(request)),
+      cancel: (request) => Effect.suspend(() => current.service.cancel(request)),
+      subscribe: (key, holder, mode) => Effect.suspend(() => current.service.subscribe(key, holder, mode))
+    }
+    return Context.make(LockBackend, service).pipe(Context.add(DataLoss, { wipe }))
+  }))

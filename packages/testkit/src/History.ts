@@ -16,7 +16,7 @@
  *
  * @since 0.1.0
  */
-import { Array as Arr, Clock, Data, Effect, Order, Ref } from "effect"
+import { Array as Arr, Cause, Clock, Data, Effect, Either, Exit, Option, Order, Ref } from "effect"
 import type { HoldMode, Service } from "@lockstep/core/LockBackend"
 
 /**
@@ -517,47 +517,65 @@ export const make: Effect.Effect<Recorder> = Effect.gen(function*() {
  * @since 0.1.0
  * @category constructors
  */
-export const instrument = (recorder: Recorder, backend: Service): Service => ({
-  ...backend,
-  acquire: (request) =>
-    Effect.gen(function*() {
-      const before = yield* Clock.currentTimeMillis
-      const result = yield* backend.acquire(request)
-      if (result._tag === "Granted") {
-        yield* recorder.grant({
-          key: request.key,
-          holder: request.holder,
-          mode: request.mode,
-          permits: request.permits,
-          limit: request.limit,
-          fence: result.fence,
-          expiresAt: before + request.leaseMs
-        })
-      }
-      return result
-    }),
-  release: (request) =>
-    Effect.gen(function*() {
-      const at = yield* recorder.sequence
-      const remaining = yield* backend.release(request)
-      yield* recorder.release(request, at)
-      return remaining
-    }),
-  renew: (requests) =>
-    Effect.gen(function*() {
-      const before = yield* Clock.currentTimeMillis
-      const results = yield* backend.renew(requests)
-      yield* Effect.forEach(requests, (request, i) =>
-        results[i] === true
-          ? recorder.renew({ key: request.key, holder: request.holder, expiresAt: before + request.leaseMs })
-          : recorder.expire({ key: request.key, holder: request.holder }), { discard: true })
-      return results
-    }),
-  forceRelease: (key) =>
-    Effect.gen(function*() {
-      const at = yield* recorder.sequence
-      const released = yield* backend.forceRelease(key)
-      yield* recorder.forceRelease(key, at)
-      return released
-    })
-})
+export const instrument = (recorder: Recorder, backend: Service): Service => {
+  // Acquisitions whose reply was lost may or may not have been granted; the lock API then releases
+  // them best-effort with the same count. That release undoes a grant the history never saw, so
+  // it is not recorded either.
+  const uncertain = new Set<string>()
+  const attempt = (r: { readonly key: string; readonly holder: string; readonly mode: HoldMode; readonly count: number }) =>
+    `${r.key}\u0000${r.holder}\u0000${r.mode}\u0000${r.count}`
+  return {
+    ...backend,
+    acquire: (request) =>
+      Effect.gen(function*() {
+        const before = yield* Clock.currentTimeMillis
+        const result = yield* backend.acquire(request).pipe(
+          Effect.tapErrorTag("BackendError", () => Effect.sync(() => uncertain.add(attempt(request))))
+        )
+        if (result._tag === "Granted") {
+          yield* recorder.grant({
+            key: request.key,
+            holder: request.holder,
+            mode: request.mode,
+            permits: request.permits,
+            limit: request.limit,
+            fence: result.fence,
+            expiresAt: before + request.leaseMs
+          })
+        }
+        return result
+      }),
+    release: (request) =>
+      Effect.gen(function*() {
+        if (uncertain.delete(attempt(request))) return yield* backend.release(request)
+        const at = yield* recorder.sequence
+        const exit = yield* Effect.exit(backend.release(request))
+        // a release whose reply is lost still ends the hold for the history: if it did not run,
+        // the backend keeps the hold until it expires and grants it to nobody else meanwhile
+        const lostReply = Exit.isFailure(exit) && Option.exists(Cause.failureOption(exit.cause), (e) => e._tag === "BackendError")
+        if (Exit.isSuccess(exit) || lostReply) yield* recorder.release(request, at)
+        return yield* exit
+      }),
+    renew: (requests) =>
+      Effect.gen(function*() {
+        const before = yield* Clock.currentTimeMillis
+        const results = yield* backend.renew(requests)
+        yield* Effect.forEach(requests, (request, i) => {
+          const result = results[i]
+          // an error says nothing about the hold: neither renewed nor gone
+          if (result === undefined || Either.isLeft(result)) return Effect.void
+          return result.right
+            ? recorder.renew({ key: request.key, holder: request.holder, expiresAt: before + request.leaseMs })
+            : recorder.expire({ key: request.key, holder: request.holder })
+        }, { discard: true })
+        return results
+      }),
+    forceRelease: (request) =>
+      Effect.gen(function*() {
+        const at = yield* recorder.sequence
+        const released = yield* backend.forceRelease(request)
+        yield* recorder.forceRelease(request.key, at)
+        return released
+      })
+  }
+}

@@ -17,6 +17,12 @@
  *   not a number of permits), and is granted whatever `permits` it names.
  * - requests are assumed valid (`1 <= permits <= limit`, positive lease and waiter TTL): the
  *   user-facing API rejects anything else before it reaches a backend.
+ * - a new grant's fence is `max(last + 1, floor(now * 1000))`; the last fence is remembered until
+ *   `max(now + lease, fence / 1000 + 1)` after each grant (later grants only push that further).
+ * - an ended holder (its last release, a `cancel` of a non-holder, or a forced release) is
+ *   remembered while `now < until`; a holder whose release was answered `NotHeld` as `!<holder>`,
+ *   and an applied forced release as `force|<1 if it dropped a holder, else 0>|<id>`, so that a
+ *   copy answers as the first delivery did.
  *
  * @since 0.1.0
  */
@@ -24,11 +30,15 @@ import { Either } from "effect"
 import type {
   AcquireRequest,
   AcquireResult,
+  CancelRequest,
+  ForceReleaseRequest,
   HoldMode,
   KeyState,
   ReleaseRequest,
-  RenewRequest
+  RenewRequest,
+  RenewResult
 } from "@lockstep/core/LockBackend"
+import { forceReleaseMemoryMs } from "@lockstep/core/LockBackend"
 import { InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
 
 /**
@@ -88,8 +98,12 @@ export interface Waiter {
  * @category models
  */
 export interface Key {
-  /** The last fence issued (0 if none ever was). Never goes back. */
+  /** The last fence issued (0 if none ever was). */
   readonly fence: number
+  /** Until when `fence` is remembered; after that `inspect` reports 0. */
+  readonly fenceUntil: number
+  /** Ended holders and applied forced releases (`force|<id>`) -> until when they are remembered. */
+  readonly ended: ReadonlyMap<string, number>
   /** The stored shared limit; `undefined` while the key has no shared holder. */
   readonly limit: number | undefined
   /** Holders in the order they were first granted. */
@@ -147,7 +161,7 @@ export interface Step<A> {
  * @since 0.1.0
  * @category models
  */
-export type AcquireError = LockUpgradeNotSupported | InvalidLockOptions
+export type AcquireError = LockUpgradeNotSupported | InvalidLockOptions | NotHeld
 
 /**
  * A key nobody has touched yet.
@@ -162,7 +176,7 @@ export type AcquireError = LockUpgradeNotSupported | InvalidLockOptions
  * @since 0.1.0
  * @category constructors
  */
-export const emptyKey: Key = { fence: 0, limit: undefined, holders: [], queue: [] }
+export const emptyKey: Key = { fence: 0, fenceUntil: 0, ended: new Map(), limit: undefined, holders: [], queue: [] }
 
 /**
  * The state in which no key was ever touched.
@@ -211,8 +225,19 @@ const pruned = (key: Key, now: number): Key =>
   normalize({
     ...key,
     holders: key.holders.filter((h) => isLive(h.expiresAt, now)),
-    queue: key.queue.filter((w) => isLive(w.expiresAt, now))
+    queue: key.queue.filter((w) => isLive(w.expiresAt, now)),
+    ended: new Map([...key.ended].filter(([, until]) => isLive(until, now)))
   })
+
+const hasEnded = (key: Key, id: string, now: number): boolean => isLive(key.ended.get(id) ?? 0, now)
+
+const remember = (key: Key, id: string, until: number): Key => ({ ...key, ended: new Map(key.ended).set(id, until) })
+
+/** The key after issuing its next fence at `now` for a lease of `leaseMs`. */
+const issueFence = (key: Key, now: number, leaseMs: number): Key => {
+  const fence = Math.max(key.fence + 1, Math.floor(now * 1000))
+  return { ...key, fence, fenceUntil: Math.max(key.fenceUntil, now + leaseMs, fence / 1000 + 1) }
+}
 
 /**
  * The live state of a key at `now`: expired holders and queue entries dropped.
@@ -315,57 +340,66 @@ export const acquire = (
     )
   }
 
+  if (mode === "shared" && request.permits > request.limit) {
+    return done(
+      key,
+      Either.left(new InvalidLockOptions({ field: "permits", reason: `${request.permits} permits exceed the limit ${request.limit}` }))
+    )
+  }
+
   const hold = findHold(key, holder)
   const expiresAt = now + request.leaseMs
 
   if (hold !== undefined) {
-    if (mode === "exclusive" && hold.exclusive === 0) {
-      return done(key, Either.left(new LockUpgradeNotSupported({ key: request.key, holder })))
-    }
     const extended = Math.max(hold.expiresAt, expiresAt)
-    if (mode === "exclusive") {
-      // Re-entry of a writer.
-      const next: Hold = { ...hold, exclusive: hold.exclusive + 1, expiresAt: extended }
-      return done(dequeue(replaceHold(key, next), holder), Either.right(granted(hold.fence, next.exclusive)))
+    if (countOf(hold, mode) > 0) {
+      // Re-entry, or a copy of one already applied: the count becomes the requested one; a
+      // reader's permits stay those of its first shared grant.
+      const next: Hold = mode === "exclusive"
+        ? { ...hold, exclusive: request.count, expiresAt: extended }
+        : { ...hold, shared: request.count, expiresAt: extended }
+      return done(dequeue(replaceHold(key, next), holder), Either.right(granted(hold.fence, request.count)))
     }
-    if (hold.shared > 0) {
-      // Re-entry of a reader: its permits stay those of its first shared grant.
-      const next: Hold = { ...hold, shared: hold.shared + 1, expiresAt: extended }
-      return done(dequeue(replaceHold(key, next), holder), Either.right(granted(hold.fence, next.shared)))
+    if (mode === "exclusive") {
+      return done(key, Either.left(new LockUpgradeNotSupported({ key: request.key, holder })))
     }
     // A writer taking the read lock (downgrade): the queue does not apply to a current holder.
     const check = modeCheck(key, request)
     if (!check.allowed) {
       return done(key, Either.right(denied(check.blocking, [], now)))
     }
-    const next: Hold = { ...hold, shared: 1, permits: request.permits, expiresAt: extended }
+    const next: Hold = { ...hold, shared: request.count, permits: request.permits, expiresAt: extended }
     return done(
       { ...dequeue(replaceHold(key, next), holder), limit: request.limit },
-      Either.right(granted(hold.fence, 1))
+      Either.right(granted(hold.fence, request.count))
     )
+  }
+
+  // Not a holder: a re-entry into a hold that is gone, or a late copy from a holder that ended.
+  if (request.count > 1 || hasEnded(key, holder, now) || hasEnded(key, `!${holder}`, now)) {
+    return done(key, Either.left(new NotHeld({ key: request.key, holder })))
   }
 
   // A new grant: the mode rules, then (if fair) the queue.
   const check = modeCheck(key, request)
   const waitersAhead = request.fair ? aheadOf(key, holder) : []
   if (check.allowed && waitersAhead.length === 0) {
-    const fence = key.fence + 1
+    const fenced = issueFence(key, now, request.leaseMs)
     const next: Hold = {
       holder,
       exclusive: mode === "exclusive" ? 1 : 0,
       shared: mode === "shared" ? 1 : 0,
       permits: mode === "shared" ? request.permits : 0,
-      fence,
+      fence: fenced.fence,
       expiresAt
     }
     return done(
       {
-        ...dequeue(key, holder),
-        fence,
+        ...dequeue(fenced, holder),
         limit: mode === "shared" ? request.limit : key.limit,
         holders: [...key.holders, next]
       },
-      Either.right(granted(fence, 1))
+      Either.right(granted(fenced.fence, 1))
     )
   }
   const result = denied(check.allowed ? [] : check.blocking, waitersAhead, now)
@@ -407,15 +441,21 @@ const denied = (holds: ReadonlyArray<Hold>, waiters: ReadonlyArray<Waiter>, now:
 }
 
 /**
- * Releases one hold of `holder` in `mode`: its count for that mode - 1; at 0 for both modes the
- * holder is removed. Succeeds with the remaining count for that mode; a holder that does not hold
- * the key in that mode gets `NotHeld` and nothing changes.
+ * Releases one hold of `holder` in `mode`: its count for that mode goes from `request.count` to
+ * `request.count - 1` (a lower count is a copy of a release already applied, and stays); at 0 for
+ * both modes the holder is removed and remembered as ended. Succeeds with the remaining count for
+ * that mode; a holder that holds nothing gets `NotHeld` (unless it just ended: a copy of its last
+ * release succeeds with 0).
  *
  * @example
  * ```ts
  * import { Model } from "@lockstep/testkit"
  *
- * const { result } = Model.release(Model.empty, { key: "k", holder: "c:1", mode: "exclusive" }, 0)
+ * const { result } = Model.release(
+ *   Model.empty,
+ *   { key: "k", holder: "c:1", mode: "exclusive", count: 1, leaseMs: 1000 },
+ *   0
+ * )
  * // result: Either.left(NotHeld)
  * ```
  *
@@ -429,19 +469,27 @@ export const release = (
 ): Step<Either.Either<number, NotHeld>> => {
   const key = liveKey(state, request.key, now)
   const hold = findHold(key, request.holder)
-  if (hold === undefined || countOf(hold, request.mode) === 0) {
+  const ended = now + request.leaseMs
+  if (hold === undefined) {
+    // A copy of a last release succeeds again; otherwise NotHeld (and a copy of that answers
+    // NotHeld again). Either way the holder is remembered as ended, so a late copy of its
+    // acquisition grants nothing.
+    const released = hasEnded(key, request.holder, now)
     return {
-      state: setKey(state, request.key, key),
-      result: Either.left(new NotHeld({ key: request.key, holder: request.holder }))
+      state: setKey(state, request.key, remember(key, released ? request.holder : `!${request.holder}`, ended)),
+      result: released ? Either.right(0) : Either.left(new NotHeld({ key: request.key, holder: request.holder }))
     }
   }
+  const current = countOf(hold, request.mode)
+  // A count below the caller's: a copy of a release already applied changes nothing.
+  const remaining = current >= request.count ? request.count - 1 : current
   const next: Hold = request.mode === "exclusive"
-    ? { ...hold, exclusive: hold.exclusive - 1 }
-    : { ...hold, shared: hold.shared - 1, permits: hold.shared === 1 ? 0 : hold.permits }
+    ? { ...hold, exclusive: remaining }
+    : { ...hold, shared: remaining, permits: remaining === 0 ? 0 : hold.permits }
   const nextKey = next.exclusive === 0 && next.shared === 0
-    ? removeHolder(key, request.holder)
+    ? remember(removeHolder(key, request.holder), request.holder, ended)
     : replaceHold(key, next)
-  return { state: setKey(state, request.key, nextKey), result: Either.right(countOf(next, request.mode)) }
+  return { state: setKey(state, request.key, nextKey), result: Either.right(remaining) }
 }
 
 /**
@@ -453,7 +501,7 @@ export const release = (
  * import { Model } from "@lockstep/testkit"
  *
  * const { result } = Model.renew(Model.empty, [{ key: "k", holder: "c:1", leaseMs: 100 }], 0)
- * // result: [false]
+ * // result: [Either.right(false)]
  * ```
  *
  * @since 0.1.0
@@ -463,19 +511,19 @@ export const renew = (
   state: State,
   requests: ReadonlyArray<RenewRequest>,
   now: number
-): Step<ReadonlyArray<boolean>> => {
+): Step<ReadonlyArray<RenewResult>> => {
   let current = state
-  const results: Array<boolean> = []
+  const results: Array<RenewResult> = []
   for (const request of requests) {
     const key = liveKey(current, request.key, now)
     const hold = findHold(key, request.holder)
     if (hold === undefined) {
       current = setKey(current, request.key, key)
-      results.push(false)
+      results.push(Either.right(false))
     } else {
       const next = { ...hold, expiresAt: Math.max(hold.expiresAt, now + request.leaseMs) }
       current = setKey(current, request.key, replaceHold(key, next))
-      results.push(true)
+      results.push(Either.right(true))
     }
   }
   return { state: current, result: results }
@@ -501,7 +549,7 @@ export const inspect = (state: State, key: string, now: number): Step<KeyState> 
     state: setKey(state, key, live),
     result: {
       key,
-      fence: live.fence,
+      fence: isLive(live.fenceUntil, now) ? live.fence : 0,
       limit: live.limit,
       holders: live.holders.map((h) => ({
         holder: h.holder,
@@ -517,38 +565,52 @@ export const inspect = (state: State, key: string, now: number): Step<KeyState> 
 }
 
 /**
- * Drops every live holder of the key (its queue and fence stay); `true` if anything was held.
+ * Drops every live holder of the key (its queue and fence stay) and remembers them as ended until
+ * their holds would have expired; `true` if anything was held. A second delivery of the same `id`
+ * (within `forceReleaseMemoryMs`) changes nothing and answers as the first.
  *
  * @example
  * ```ts
  * import { Model } from "@lockstep/testkit"
  *
- * const { result } = Model.forceRelease(Model.empty, "k", 0)
+ * const { result } = Model.forceRelease(Model.empty, { key: "k", id: "op-1" }, 0)
  * // result: false
  * ```
  *
  * @since 0.1.0
  * @category operations
  */
-export const forceRelease = (state: State, key: string, now: number): Step<boolean> => {
-  const live = liveKey(state, key, now)
-  return { state: setKey(state, key, { ...live, holders: [] }), result: live.holders.length > 0 }
+export const forceRelease = (state: State, request: ForceReleaseRequest, now: number): Step<boolean> => {
+  const live = liveKey(state, request.key, now)
+  const applied = (held: boolean) => `force|${held ? 1 : 0}|${request.id}`
+  // a copy answers as the first delivery did
+  for (const held of [true, false]) {
+    if (hasEnded(live, applied(held), now)) return { state: setKey(state, request.key, live), result: held }
+  }
+  const held = live.holders.length > 0
+  const forgotten = live.holders.reduce((key, h) => remember(key, h.holder, h.expiresAt), live)
+  return {
+    state: setKey(state, request.key, remember({ ...forgotten, holders: [] }, applied(held), now + forceReleaseMemoryMs)),
+    result: held
+  }
 }
 
 /**
- * Removes `holder` from the key's queue (a waiter giving up). Nothing else changes.
+ * Removes `holder` from the key's queue (a waiter giving up) and, unless it holds the key,
+ * remembers it as ended for `leaseMs`.
  *
  * @example
  * ```ts
  * import { Model } from "@lockstep/testkit"
  *
- * const { state } = Model.cancel(Model.empty, "k", "c:1", 0)
+ * const { state } = Model.cancel(Model.empty, { key: "k", holder: "c:1", leaseMs: 1000 }, 0)
  * ```
  *
  * @since 0.1.0
  * @category operations
  */
-export const cancel = (state: State, key: string, holder: string, now: number): Step<void> => ({
-  state: setKey(state, key, dequeue(liveKey(state, key, now), holder)),
-  result: undefined
-})
+export const cancel = (state: State, request: CancelRequest, now: number): Step<void> => {
+  const live = dequeue(liveKey(state, request.key, now), request.holder)
+  const next = findHold(live, request.holder) === undefined ? remember(live, request.holder, now + request.leaseMs) : live
+  return { state: setKey(state, request.key, next), result: undefined }
+}

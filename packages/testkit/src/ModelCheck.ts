@@ -344,6 +344,7 @@ export const commands = (generation: Generation = {}): fc.Arbitrary<ReadonlyArra
   const inspect = key.map((k) => Command.Inspect({ key: k }))
   const forceRelease = key.map((k) => Command.ForceRelease({ key: k }))
   const cancel = fc.record({ key, holder, pick }).map((r) => Command.Cancel(r))
+  const replay = fc.nat({ max: 63 }).map((pick) => Command.Replay({ pick }))
   const advance = fc.constantFrom(1, 5, 10, 20, 50).map((ms) => Command.Advance({ ms }))
   const command: fc.Arbitrary<Command> = fc.oneof(
     { weight: 8, arbitrary: acquire },
@@ -352,6 +353,7 @@ export const commands = (generation: Generation = {}): fc.Arbitrary<ReadonlyArra
     { weight: 1, arbitrary: inspect },
     { weight: 1, arbitrary: forceRelease },
     { weight: 2, arbitrary: cancel },
+    { weight: 3, arbitrary: replay },
     // Live: time passes on its own; moving it on purpose would only make expiry a race.
     ...(live ? [] : [{ weight: 4, arbitrary: advance }])
   )

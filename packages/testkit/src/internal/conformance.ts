@@ -1,5 +1,5 @@
 import { assert } from "@effect/vitest"
-import { Cause, Deferred, Duration, Effect, Either, Exit, Fiber, Layer, Option, Scope, TestClock } from "effect"
+import { Cause, Deferred, Duration, Effect, Either, Exit, Fiber, Layer, Option, Runtime, Scope, TestClock } from "effect"
 import * as FairLock from "@lockstep/core/FairLock"
 import type { Lease } from "@lockstep/core/Lease"
 import * as Lock from "@lockstep/core/Lock"
@@ -27,8 +27,8 @@ const counting = (layer: Layer.Layer<LockBackend>) => {
       release: (r) => Effect.zipRight(count("release"), backend.release(r)),
       renew: (r) => Effect.zipRight(count("renew"), backend.renew(r)),
       inspect: (k) => Effect.zipRight(count("inspect"), backend.inspect(k)),
-      forceRelease: (k) => Effect.zipRight(count("forceRelease"), backend.forceRelease(k)),
-      cancel: (k, h) => Effect.zipRight(count("cancel"), backend.cancel(k, h)),
+      forceRelease: (r) => Effect.zipRight(count("forceRelease"), backend.forceRelease(r)),
+      cancel: (r) => Effect.zipRight(count("cancel"), backend.cancel(r)),
       subscribe: (k, h, m) => Effect.zipRight(count("subscribe"), backend.subscribe(k, h, m))
     }))
   ).pipe(Layer.provide(layer))
@@ -111,12 +111,15 @@ export const register = (harness: Harness, test: TestFn): void => {
       return { lease, fiber, release: Effect.zipRight(Deferred.succeed(done, undefined), Fiber.join(fiber)) }
     })
   const withBackend = <A, E>(self: Effect.Effect<A, E, LockBackend>) => Effect.provide(self, harness.layer)
-  /** Runs `self` on a backend whose every grant and release is recorded, then checks the history. */
-  const withHistory = <A, E>(self: Effect.Effect<A, E, LockBackend>) =>
+  /**
+   * Runs `self` on a backend whose every grant and release is recorded (as the lock API sees
+   * them: above any fault `layer` injects), then checks the history.
+   */
+  const withHistory = <A, E>(self: Effect.Effect<A, E, LockBackend>, layer: Layer.Layer<LockBackend> = harness.layer) =>
     Effect.gen(function*() {
       const history = yield* History.make
       const recorded = Layer.effect(LockBackend, Effect.map(LockBackend, (backend) => History.instrument(history, backend)))
-      const result = yield* Effect.provide(self, Layer.provide(recorded, harness.layer))
+      const result = yield* Effect.provide(self, Layer.provide(recorded, layer))
       const events = yield* history.events
       assert.isAbove(events.filter((e) => e._tag === "Grant").length, 0, "nothing was recorded")
       assert.deepStrictEqual((yield* history.check).map(History.formatViolation), [])
@@ -302,7 +305,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       }
     })))
 
-  test("re-entrancy: the holder's fiber and its children re-enter, other fibers are excluded", () =>
+  test("re-entrancy is per fiber: the holder re-enters, fibers it forks and other fibers are excluded", () =>
     withBackend(Effect.gen(function*() {
       const lock = yield* Lock.make(yield* freshKey("reentrant"))
       const go = yield* Deferred.make<void>()
@@ -316,17 +319,49 @@ export const register = (harness: Harness, test: TestFn): void => {
         assert.strictEqual(inner.fence, outer.fence)
         assert.strictEqual(inner.holder, outer.holder)
         assert.strictEqual(yield* Lock.holdCount(lock), 2)
+        // a fiber forked while holding does not hold the lock: it would run beside its parent
         const child = yield* Effect.fork(Effect.scoped(Effect.flatMap(Lock.tryAcquire(lock), (lease) =>
           Effect.map(Lock.holdCount(lock), (count) => [Option.isSome(lease), count] as const))))
-        assert.deepStrictEqual(yield* Fiber.join(child), [true, 3])
+        assert.deepStrictEqual(yield* Fiber.join(child), [false, 0])
         yield* Deferred.succeed(go, undefined)
         assert.isFalse(yield* Fiber.join(other), "another fiber entered a held lock")
-        // nested withLock re-enters instead of deadlocking
+        // nested withLock re-enters instead of deadlocking (its body runs in a raced fiber)
         assert.strictEqual(yield* Lock.holdCount(lock).pipe(Lock.withLock(lock), Lock.withLock(lock)), 4)
       }))
       assert.strictEqual(yield* Lock.holdCount(lock), 0)
       assert.isFalse(yield* Lock.isLocked(lock))
     })))
+
+  test("concurrent children each take the lock in turn: they never share their parent's critical section", () =>
+    withBackend(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("children"))
+      const inside = occupancy(1)
+      const section = Effect.scoped(Effect.gen(function*() {
+        const lease = yield* Lock.acquire(lock)
+        yield* inside.enter(lease)
+        yield* settle
+        yield* inside.leave(lease)
+      }))
+      // the parent releases while its children wait; they then enter one at a time
+      const children = yield* Effect.scoped(Effect.gen(function*() {
+        yield* Lock.acquire(lock)
+        return yield* Effect.fork(Effect.all(range(4).map(() => section), { concurrency: "unbounded" }))
+      }))
+      yield* Fiber.join(children).pipe(promptly)
+      assert.deepStrictEqual(inside.state.violations, [])
+      assert.strictEqual(inside.state.maxHolders, 1)
+    })))
+
+  test("a lock acquired while building a layer is not held by the fibers later run on its runtime", () =>
+    Effect.gen(function*() {
+      const backend = yield* LockBackend
+      const key = yield* freshKey("layer")
+      const held = Layer.scopedDiscard(Effect.flatMap(Lock.make(key), (lock) => Lock.acquire(lock)))
+      const runtime = yield* Layer.toRuntime(Layer.merge(held, Layer.succeed(LockBackend, backend)))
+      const probe = Effect.scoped(Effect.flatMap(Lock.make(key), (lock) => Effect.map(Lock.tryAcquire(lock), Option.isSome)))
+      const entered = yield* Effect.promise(() => Runtime.runPromise(runtime)(probe))
+      assert.isFalse(entered, "a fiber of the runtime entered the lock its layer holds")
+    }).pipe(Effect.scoped, withBackend))
 
   test("ReadWriteLock: a writer may downgrade, a reader may not upgrade", () =>
     withBackend(Effect.gen(function*() {
@@ -388,6 +423,9 @@ export const register = (harness: Harness, test: TestFn): void => {
         [Lock.make(key, { watchdog: 0 }), "watchdog"],
         [Lock.make(key, { watchdog: NaN }), "watchdog"],
         [Lock.make(key, { watchdog: Infinity }), "watchdog"],
+        [Lock.make(key, { lease: "10 seconds", watchdog: "10 seconds" }), "watchdog"],
+        [Lock.make(key, { lease: "5 millis" }), "lease"],
+        [Lock.make(key, { watchdog: 10 }), "watchdog"],
         [FairLock.make(key, { waiterTimeout: -1 }), "waiterTimeout"],
         [ReadWriteLock.make("", {}), "key"],
         [Effect.flatMap(Lock.make(key), (l) => Lock.acquire(l, { timeout: 0 })), "timeout"],
@@ -595,7 +633,8 @@ export const register = (harness: Harness, test: TestFn): void => {
         limit: 1,
         leaseMs: 30_000,
         fair: true,
-        waiterTtlMs: 600
+        waiterTtlMs: 600,
+        count: 1
       })
       assert.strictEqual(queued._tag, "Denied")
       const waiter = yield* Effect.fork(Effect.scoped(Effect.asVoid(Lock.acquire(lock))))
@@ -623,4 +662,236 @@ export const register = (harness: Harness, test: TestFn): void => {
         yield* assertFree(key)
       }).pipe(Effect.provide(lossy))
     }))
+
+  // ---------------------------------------------------------------------------------------------
+  // Faults: every operation may be delivered twice or late, a reply may be lost, a call may be
+  // slow enough for an interruption to land while it is in flight, and the backend may lose its
+  // data. A lock stays safe and leaves nothing held behind.
+
+  /** Lets `ms` pass: real time live, TestClock time otherwise. */
+  const elapse = (ms: number) => (live ? Effect.sleep(ms) : TestClock.adjust(ms))
+  const onLayer = <ROut>(layer: Layer.Layer<ROut>) => <A, E>(self: Effect.Effect<A, E, ROut>) => Effect.provide(self, layer)
+  /** Whether a fiber other than the caller can take the lock right now (it releases at once). */
+  const othersCanTake = (lock: Lock.Lock) =>
+    Effect.flatMap(Effect.fork(Effect.scoped(Effect.map(Lock.tryAcquire(lock), Option.isSome))), Fiber.join)
+
+  test("a release delivered twice takes one hold: the outer hold stays", () =>
+    Effect.gen(function*() {
+      const key = yield* freshKey("release-twice")
+      yield* Effect.gen(function*() {
+        const lock = yield* Lock.make(key)
+        yield* Effect.scoped(Effect.gen(function*() {
+          yield* Lock.acquire(lock)
+          yield* Effect.scoped(Lock.acquire(lock))
+          assert.strictEqual(yield* Lock.holdCount(lock), 1)
+          assert.isFalse(yield* othersCanTake(lock), "another fiber took a lock whose outer hold is open")
+        }))
+        yield* assertFree(key)
+      }).pipe(onLayer(FaultyBackend.duplicatingLayer({ operation: "release", when: 1 })(harness.layer)))
+    }))
+
+  test("an acquisition delivered twice takes one hold: nothing is left after the release", () =>
+    Effect.gen(function*() {
+      const key = yield* freshKey("acquire-twice")
+      yield* Effect.gen(function*() {
+        const lock = yield* Lock.make(key)
+        yield* Effect.scoped(Effect.gen(function*() {
+          yield* Lock.acquire(lock)
+          yield* Lock.acquire(lock)
+          assert.strictEqual(yield* Lock.holdCount(lock), 2)
+        }))
+        yield* assertFree(key)
+        const sem = yield* Semaphore.make(`${key}-s`, { limit: 2 })
+        yield* Effect.scoped(Semaphore.acquire(sem, { permits: 2 }))
+        yield* assertFree(`${key}-s`)
+      }).pipe(onLayer(FaultyBackend.duplicatingLayer({ operation: "acquire", when: 1 })(harness.layer)))
+    }))
+
+  test("a late copy of an acquisition, arriving after its holder released, grants nothing", () =>
+    Effect.gen(function*() {
+      const key = yield* freshKey("late-copy")
+      const late = FaultyBackend.duplicatingLayer({ operation: ["acquire", "cancel"], when: 1, copyAfter: shortMs })
+      yield* Effect.gen(function*() {
+        const lock = yield* Lock.make(key)
+        yield* Effect.scoped(Lock.acquire(lock))
+        const fair = yield* FairLock.make(`${key}-fair`)
+        const first = yield* hold(Lock.acquire(fair))
+        // a try-acquire queues, is denied, and leaves the queue; both copies arrive late
+        assert.isTrue(Option.isNone(yield* Effect.scoped(Lock.tryAcquire(fair))))
+        yield* first.release
+        yield* elapse(shortMs * 2)
+        yield* Effect.yieldNow()
+        if (live) yield* settle
+        yield* assertFree(key)
+        yield* assertFree(`${key}-fair`)
+      }).pipe(onLayer(late(harness.layer)))
+    }))
+
+  test("an acquisition whose reply was lost leaves nothing held", () =>
+    Effect.gen(function*() {
+      const key = yield* freshKey("lost-grant")
+      const lossy = FaultyBackend.failingLayer({ operation: "acquire", when: (n) => n === 1 || n === 3, timing: "after" })
+      yield* Effect.gen(function*() {
+        const lock = yield* Lock.make(key)
+        assert.strictEqual((yield* Effect.flip(Effect.scoped(Lock.acquire(lock))))._tag, "BackendError")
+        yield* assertFree(key)
+        // a re-entry whose reply is lost leaves the outer hold as it was
+        yield* Effect.scoped(Effect.gen(function*() {
+          yield* Lock.acquire(lock)
+          assert.strictEqual((yield* Effect.flip(Lock.acquire(lock)))._tag, "BackendError")
+          const [state] = (yield* inspect(key)).holders
+          assert.strictEqual(state?.exclusive, 1)
+        }))
+        yield* assertFree(key)
+      }).pipe(onLayer(lossy(harness.layer)))
+    }))
+
+  test("an interruption while a grant is in flight releases it at once (Effect.timeout, Effect.race)", () =>
+    Effect.gen(function*() {
+      const key = yield* freshKey("in-flight")
+      const slowMs = live ? 300 : 200
+      yield* Effect.scoped(Effect.gen(function*() {
+        const lock = yield* Lock.make(key)
+        // the caller's scope stays open: the grant must not be attached to it
+        const timedOut = yield* Effect.fork(Lock.acquire(lock).pipe(Effect.timeout(slowMs / 4), Effect.option))
+        yield* elapse(slowMs / 2)
+        yield* elapse(slowMs)
+        assert.isTrue(Option.isNone(yield* Fiber.join(timedOut)), "the acquisition should have timed out")
+        const raced = yield* Effect.fork(Effect.race(Lock.acquire(lock), Effect.delay(Effect.succeed("other"), slowMs / 4)))
+        yield* elapse(slowMs / 2)
+        yield* elapse(slowMs)
+        assert.strictEqual(yield* Fiber.join(raced), "other")
+        yield* assertFree(key)
+        // the same fiber takes the lock afresh
+        const again = yield* Effect.fork(Lock.tryAcquire(lock))
+        yield* elapse(slowMs)
+        assert.isTrue(Option.isSome(yield* Fiber.join(again)))
+      })).pipe(onLayer(FaultyBackend.slowLayer({ operation: "acquire", delay: slowMs })(harness.layer)))
+      yield* assertFree(key).pipe(withBackend)
+    }))
+
+  test("a lease lost to its deadline is dead: no more renewals, released, and taken afresh", () =>
+    Effect.gen(function*() {
+      const key = yield* freshKey("dead-lease")
+      // every renewal is carried out, but its reply is lost
+      const deaf = FaultyBackend.failingLayer({ operation: "renew", when: 1, timing: "after" })
+      yield* Effect.scoped(Effect.gen(function*() {
+        const lock = yield* Lock.make(key, { watchdog: short })
+        const lease = yield* Lock.acquire(lock)
+        const lost = yield* Effect.fork(Effect.flip(lease.lost))
+        yield* elapse(shortMs * 2)
+        const error = yield* Fiber.join(lost).pipe(promptly)
+        assert.strictEqual(error.reason, "DeadlinePassed")
+        if (live) yield* settle
+        // the scope is still open, yet the key is free and stays free
+        yield* assertFree(key)
+        yield* elapse(shortMs * 2)
+        yield* assertFree(key)
+        // the same fiber takes it as a new holder
+        const fresh = yield* Lock.tryAcquire(lock)
+        assert.isTrue(Option.isSome(fresh))
+        assert.notStrictEqual(Option.getOrThrow(fresh).holder, lease.holder)
+      })).pipe(onLayer(deaf(harness.layer)))
+    }))
+
+  test("a request that would wait for the current fiber's own hold fails with SelfDeadlock", () =>
+    withBackend(Effect.gen(function*() {
+      const key = yield* freshKey("self")
+      const lock = yield* Lock.make(key)
+      const sem = yield* Semaphore.make(key, { limit: 2 })
+      // in this fiber, which holds the key (a forked fiber would not); time passes beside it
+      const attempt = <E>(self: Effect.Effect<unknown, E, Scope.Scope>) =>
+        Effect.gen(function*() {
+          const clock = yield* Effect.fork(elapse(shortMs * 2))
+          const error = yield* Effect.scoped(Effect.flip(self))
+          yield* Fiber.interrupt(clock)
+          return error
+        })
+      const tagOf = (e: unknown) => (e as { readonly _tag: string })._tag
+      yield* Effect.scoped(Effect.gen(function*() {
+        yield* Semaphore.acquire(sem)
+        assert.strictEqual(tagOf(yield* attempt(Lock.acquire(lock, { timeout: short }))), "SelfDeadlock")
+        assert.strictEqual(tagOf(yield* attempt(Semaphore.acquire(sem, { permits: 2, timeout: short }))), "SelfDeadlock")
+      }))
+      yield* Effect.scoped(Effect.gen(function*() {
+        yield* Lock.acquire(lock)
+        assert.strictEqual(tagOf(yield* attempt(Semaphore.acquire(sem, { timeout: short }))), "SelfDeadlock")
+      }))
+      yield* assertFree(key)
+    })))
+
+  test("after the backend lost its data, fences still go up and a re-entry into the lost hold is detected", () =>
+    Effect.gen(function*() {
+      const key = yield* freshKey("data-loss")
+      yield* Effect.scoped(Effect.gen(function*() {
+        const control = yield* FaultyBackend.DataLoss
+        const lock = yield* Lock.make(key)
+        const before = yield* Lock.acquire(lock)
+        yield* control.wipe
+        // a restarted server's clock has moved on
+        yield* elapse(1)
+        const other = yield* hold(Lock.acquire(lock))
+        assert.isAbove(other.lease.fence, before.fence)
+        yield* other.release
+        // re-entering the hold the backend forgot starts afresh and reports the loss
+        const lost = yield* Effect.fork(Effect.flip(before.lost))
+        const again = yield* Lock.acquire(lock)
+        assert.notStrictEqual(again.holder, before.holder)
+        assert.isAbove(again.fence, other.lease.fence)
+        assert.strictEqual((yield* Fiber.join(lost).pipe(promptly)).reason, "NotHeld")
+      })).pipe(onLayer(harness.dataLoss ?? FaultyBackend.losingData(harness.layer)))
+    }))
+
+  const everyOperation: ReadonlyArray<FaultyBackend.Operation> = ["acquire", "release", "renew", "cancel", "forceRelease"]
+
+  test("the backend follows the reference model with every request delivered twice", () => {
+    const twice = FaultyBackend.duplicatingLayer({ operation: everyOperation, when: 1 })(harness.layer)
+    const runs = Math.max(20, Math.floor((harness.modelRuns ?? 200) / 4))
+    return Effect.provide(
+      live
+        ? ModelCheck.run({ timing: { toleranceMs: 1_000 }, numRuns: runs, maxCommands: 40 })
+        : ModelCheck.run({ advance: (ms) => TestClock.adjust(ms), numRuns: runs }),
+      twice
+    )
+  }, 120_000)
+
+  test("contention under at-least-once delivery: history checked, nothing left held", () =>
+    Effect.gen(function*() {
+      const key = yield* freshKey("faulty-contend")
+      const faulty = FaultyBackend.duplicatingLayer({ operation: everyOperation, when: 0.5 })(harness.layer)
+      yield* withHistory(Effect.gen(function*() {
+        const lock = yield* Lock.make(key)
+        const fair = yield* FairLock.make(`${key}-fair`)
+        const plain = yield* contend(30, 1, () => Lock.acquire(lock))
+        const fifo = yield* contend(30, 1, () => Lock.acquire(fair))
+        assert.strictEqual(plain.maxHolders, 1)
+        assert.strictEqual(fifo.maxHolders, 1)
+        assertStrictlyIncreasing(plain.fences)
+        assertStrictlyIncreasing(fifo.fences)
+        yield* assertFree(key)
+        yield* assertFree(`${key}-fair`)
+      }), faulty)
+      // shared holders overlap, so the order their (re-sent) grants are seen in says nothing
+      // about fences: permits are checked by occupancy instead
+      yield* Effect.gen(function*() {
+        const sem = yield* Semaphore.make(`${key}-sem`, { limit: 3 })
+        const shared = yield* contend(30, 3, () => Semaphore.acquire(sem, { permits: 1 }))
+        assert.isAtMost(shared.maxPermits, 3)
+        yield* assertFree(`${key}-sem`)
+      }).pipe(onLayer(faulty))
+    }), 120_000)
+
+  test("60 fibers while replies are lost: failed attempts leave nothing held, the history stays clean", () =>
+    Effect.gen(function*() {
+      const key = yield* freshKey("lossy-contend")
+      // one acquisition and one release in five is carried out, but its reply is lost
+      const lossy = FaultyBackend.failingLayer({ operation: ["acquire", "release"], when: (n) => n % 5 === 0, timing: "after" })
+      yield* withHistory(Effect.gen(function*() {
+        const lock = yield* Lock.make(key)
+        const retrying = Lock.acquire(lock).pipe(Effect.retry({ while: (e) => e._tag === "BackendError" }))
+        const result = yield* contend(60, 1, () => retrying)
+        assert.strictEqual(result.maxHolders, 1)
+        yield* assertFree(key)
+      }), lossy(harness.layer))
+    }), 120_000)
 }

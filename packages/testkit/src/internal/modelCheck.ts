@@ -5,7 +5,16 @@
  * @internal
  */
 import { Clock, Data, Effect, Either } from "effect"
-import type { AcquireRequest, AcquireResult, HoldMode, KeyState } from "@lockstep/core/LockBackend"
+import type {
+  AcquireRequest,
+  AcquireResult,
+  CancelRequest,
+  ForceReleaseRequest,
+  HoldMode,
+  KeyState,
+  ReleaseRequest,
+  RenewResult
+} from "@lockstep/core/LockBackend"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import * as Model from "../Model.js"
 
@@ -46,6 +55,11 @@ export type Command = Data.TaggedEnum<{
     readonly pick?: number | undefined
   }
   Advance: { readonly ms: number }
+  /**
+   * Delivers an earlier acquire, release, cancel or forced release again, verbatim (the
+   * `pick`-th, modulo, of those sent so far): a duplicate, or a late copy.
+   */
+  Replay: { readonly pick: number }
 }>
 
 export const Command = Data.taggedEnum<Command>()
@@ -118,7 +132,8 @@ export const renderCommand = (command: Command): string =>
     Inspect: (c) => `inspect ${keyLabel(c.key)}`,
     ForceRelease: (c) => `forceRelease ${keyLabel(c.key)}`,
     Cancel: (c) => `cancel ${keyLabel(c.key)} ${short(c.holder)}${pickLabel(c.pick)}`,
-    Advance: (c) => `advance ${c.ms}ms`
+    Advance: (c) => `advance ${c.ms}ms`,
+    Replay: (c) => `replay #${c.pick}`
   })
 
 const renderError = (error: { readonly _tag: string; readonly message: string; readonly field?: string }): string => {
@@ -137,10 +152,15 @@ const renderEither = <A, E extends { readonly _tag: string; readonly message: st
   render: (a: A) => string
 ): string => Either.match(either, { onLeft: renderError, onRight: render })
 
-const renderAcquire = (result: AcquireResult): string =>
-  result._tag === "Granted"
-    ? `Granted(fence=${result.fence}, count=${result.count})`
-    : `Denied(retryAfterMs=${result.retryAfterMs})`
+/** A request as it was sent, for `Replay`. */
+type Sent =
+  | { readonly _tag: "Acquire"; readonly request: AcquireRequest }
+  | { readonly _tag: "Release"; readonly request: ReleaseRequest }
+  | { readonly _tag: "Cancel"; readonly request: CancelRequest }
+  | { readonly _tag: "ForceRelease"; readonly request: ForceReleaseRequest }
+
+const renderRenew = (results: ReadonlyArray<RenewResult>) =>
+  `[${results.map((r) => Either.match(r, { onLeft: renderError, onRight: String })).join(", ")}]`
 
 export const execute = (
   commands: ReadonlyArray<Command>,
@@ -156,33 +176,95 @@ export const execute = (
     // Fresh keys per sequence, unique across processes sharing a server (whatever Random is seeded with).
     const prefix = `${options.keyPrefix ?? "lockstep-model"}:${crypto.randomUUID()}`
     const keyName = (key: number): string => `${prefix}:k${key}`
-    const holderName = (holder: number): string => `${backend.clientId}:${holder + 1}`
-    const holderLabel = (name: string): string =>
-      name.startsWith(`${backend.clientId}:`) ? `h${Number(name.slice(backend.clientId.length + 1)) - 1}` : name
-    const renderState = (state: KeyState): string => {
+
+    // A holder of the pool is a client's holder identity on one key. Once it ends (its last
+    // release, leaving the queue, a forced release, a lost hold) the client takes a fresh
+    // identity, as the lock API does: `generation` counts them. `believed` is the client's view of
+    // its counts, so a re-entry after a silent loss is sent as the lock API would send it.
+    const holderStride = 1000
+    // how long ended holders are remembered: short under exact timing so that forgetting is
+    // exercised, far beyond the tolerance in live timing so that no comparison straddles it
+    const endedMs = toleranceMs === undefined ? 100 : 600_000
+    const generations = new Map<string, number>()
+    const believed = new Map<string, { exclusive: number; shared: number }>()
+    const slot = (key: number, holder: number) => `${key}/${holder}`
+    const holderName = (key: number, holder: number): string =>
+      `${backend.clientId}:${holder + 1 + holderStride * (generations.get(slot(key, holder)) ?? 0)}`
+    const believedOf = (key: number, holder: number) => {
+      let counts = believed.get(slot(key, holder))
+      if (counts === undefined) {
+        counts = { exclusive: 0, shared: 0 }
+        believed.set(slot(key, holder), counts)
+      }
+      return counts
+    }
+    const retire = (key: number, holder: number): void => {
+      generations.set(slot(key, holder), (generations.get(slot(key, holder)) ?? 0) + 1)
+      believed.delete(slot(key, holder))
+    }
+    const holderNumber = (name: string): number => Number(name.slice(backend.clientId.length + 1)) - 1
+    const holderIndex = (name: string): number => holderNumber(name) % holderStride
+    const holderLabel = (name: string): string => {
+      if (!name.startsWith(`${backend.clientId}:`)) return name
+      const generation = Math.floor(holderNumber(name) / holderStride)
+      return `h${holderIndex(name)}${generation === 0 ? "" : `'${generation}`}`
+    }
+
+    // Fences differ between backends (a counter, a clock); compared as their rank on the key, and
+    // checked to go up with every new grant.
+    const ranks = { expected: new Map<string, Map<number, number>>(), actual: new Map<string, Map<number, number>>() }
+    const fenceFailures: Array<string> = []
+    const rankOf = (side: "expected" | "actual", key: string, fence: number): string => {
+      let seen = ranks[side].get(key)
+      if (seen === undefined) {
+        seen = new Map()
+        ranks[side].set(key, seen)
+      }
+      let rank = seen.get(fence)
+      if (rank === undefined) {
+        const highest = Math.max(0, ...seen.keys())
+        if (fence <= highest) fenceFailures.push(`${side} fence ${fence} issued after ${highest}`)
+        rank = seen.size + 1
+        seen.set(fence, rank)
+      }
+      return `#${rank}`
+    }
+    const renderAcquireOn = (side: "expected" | "actual", key: string) => (result: AcquireResult): string =>
+      result._tag === "Granted"
+        ? `Granted(fence=${rankOf(side, key, result.fence)}, count=${result.count})`
+        : `Denied(retryAfterMs=${result.retryAfterMs})`
+    const renderStateOn = (side: "expected" | "actual") => (state: KeyState): string => {
       const holders = state.holders
         .map((h) =>
-          `${holderLabel(h.holder)}{x=${h.exclusive} s=${h.shared} permits=${h.permits} fence=${h.fence} ttl=${h.ttlMs}}`
+          `${holderLabel(h.holder)}{x=${h.exclusive} s=${h.shared} permits=${h.permits} fence=${
+            rankOf(side, state.key, h.fence)
+          } ttl=${h.ttlMs}}`
         )
         .sort()
+      if (state.fence !== 0 && state.holders.some((h) => h.fence > state.fence)) {
+        fenceFailures.push(`${side} key fence ${state.fence} below a holder's fence`)
+      }
       const queue = state.queue.map((w) => `${holderLabel(w.holder)}{ttl=${w.ttlMs}}`)
       const key = state.key.startsWith(`${prefix}:`) ? state.key.slice(prefix.length + 1) : state.key
-      return `${key} fence=${state.fence} limit=${state.limit ?? "none"} holders=[${holders.join(" ")}] queue=[${
-        queue.join(" ")
-      }]`
+      return `${key} limit=${state.limit ?? "none"} holders=[${holders.join(" ")}] queue=[${queue.join(" ")}]`
     }
     const inspectedKeys = Array.from(
       new Set(
         commands.flatMap((c) =>
-          c._tag === "Advance" ? [] : c._tag === "Renew" ? c.leases.map((l) => l.key) : [c.key]
+          c._tag === "Advance" || c._tag === "Replay" ? [] : c._tag === "Renew" ? c.leases.map((l) => l.key) : [c.key]
         )
       )
     ).sort((a, b) => a - b)
 
     let model = Model.empty
     const resolved: Array<Command> = []
-    const compare = (step: number, what: string, expected: string, actual: string) =>
-      (toleranceMs === undefined ? expected === actual : agreeWithin(expected, actual, toleranceMs))
+    const sent: Array<Sent> = []
+    const compare = (step: number, what: string, expected: string, actual: string) => {
+      const fences = fenceFailures.splice(0)
+      if (fences.length > 0) {
+        return Effect.fail<Divergence>({ commands: resolved, step, what, expected: "fences that only go up", actual: fences.join("; ") })
+      }
+      return (toleranceMs === undefined ? expected === actual : agreeWithin(expected, actual, toleranceMs))
         ? Effect.void
         : Effect.fail<Divergence>({
           commands: resolved,
@@ -192,10 +274,10 @@ export const execute = (
           actual,
           ...(toleranceMs === undefined ? {} : { toleranceMs })
         })
+    }
 
     // Live holds and queue entries of the model, as pool indices, for `pick`.
     const keyIndex = (name: string): number => Number(name.slice(prefix.length + 2))
-    const holderIndex = (name: string): number => Number(name.slice(backend.clientId.length + 1)) - 1
     const liveHolds = (now: number) =>
       Array.from(model.keys.keys()).sort().flatMap((name) =>
         Model.liveKey(model, name, now).holders.flatMap((h) => [
@@ -231,6 +313,8 @@ export const execute = (
           const target = pickFrom(liveWaiters(now), command.pick)
           return Command.Cancel(target ?? { key: command.key, holder: command.holder })
         }
+        case "Replay":
+          return sent.length === 0 ? command : Command.Replay({ pick: command.pick % sent.length })
         default:
           return command
       }
@@ -241,8 +325,57 @@ export const execute = (
         const expected = Model.inspect(model, keyName(key), now)
         model = expected.state
         const actual = yield* Effect.either(backend.inspect(keyName(key)))
-        yield* compare(step, what, renderState(expected.result), renderEither(actual, renderState))
+        yield* compare(step, what, renderStateOn("expected")(expected.result), renderEither(actual, renderStateOn("actual")))
       })
+
+    // Each sends one request to both sides, compares, and answers with the model's result.
+    const deliverAcquire = (step: number, request: AcquireRequest, now: number, what: string) =>
+      Effect.gen(function*() {
+        const expected = Model.acquire(model, request, now)
+        model = expected.state
+        const actual = yield* Effect.either(backend.acquire(request))
+        yield* compare(
+          step,
+          `${what} result`,
+          renderEither(expected.result, renderAcquireOn("expected", request.key)),
+          renderEither(actual, renderAcquireOn("actual", request.key))
+        )
+        return expected.result
+      })
+    const deliverRelease = (step: number, request: ReleaseRequest, now: number, what: string) =>
+      Effect.gen(function*() {
+        const expected = Model.release(model, request, now)
+        model = expected.state
+        const actual = yield* Effect.either(backend.release(request))
+        yield* compare(step, `${what} result`, renderEither(expected.result, String), renderEither(actual, String))
+        return expected.result
+      })
+    const deliverCancel = (step: number, request: CancelRequest, now: number, what: string) =>
+      Effect.gen(function*() {
+        model = Model.cancel(model, request, now).state
+        const actual = yield* Effect.either(backend.cancel(request))
+        yield* compare(step, `${what} result`, "void", renderEither(actual, () => "void"))
+      })
+    const deliverForceRelease = (step: number, request: ForceReleaseRequest, now: number, what: string) =>
+      Effect.gen(function*() {
+        const expected = Model.forceRelease(model, request, now)
+        model = expected.state
+        const actual = yield* Effect.either(backend.forceRelease(request))
+        yield* compare(step, `${what} result`, String(expected.result), renderEither(actual, String))
+      })
+    const redeliver = (step: number, item: Sent, now: number): Effect.Effect<void, Divergence> => {
+      const what = `replayed ${item._tag.toLowerCase()}`
+      switch (item._tag) {
+        case "Acquire":
+          return Effect.asVoid(deliverAcquire(step, item.request, now, what))
+        case "Release":
+          return Effect.asVoid(deliverRelease(step, item.request, now, what))
+        case "Cancel":
+          return deliverCancel(step, item.request, now, what)
+        case "ForceRelease":
+          return deliverForceRelease(step, item.request, now, what)
+      }
+    }
 
     const steps = Effect.gen(function*() {
       for (const [step, original] of commands.entries()) {
@@ -255,46 +388,50 @@ export const execute = (
             break
           }
           case "Acquire": {
+            const counts = believedOf(command.key, command.holder)
             const request: AcquireRequest = {
               key: keyName(command.key),
-              holder: holderName(command.holder),
+              holder: holderName(command.key, command.holder),
               mode: command.mode,
               permits: command.permits,
               limit: command.limit,
               leaseMs: command.leaseMs,
               fair: command.fair,
-              waiterTtlMs: command.waiterTtlMs
+              waiterTtlMs: command.waiterTtlMs,
+              count: counts[command.mode] + 1
             }
-            const expected = Model.acquire(model, request, now)
-            model = expected.state
-            const actual = yield* Effect.either(backend.acquire(request))
-            yield* compare(
-              step,
-              "acquire result",
-              renderEither(expected.result, renderAcquire),
-              renderEither(actual, renderAcquire)
-            )
+            sent.push({ _tag: "Acquire", request })
+            const result = yield* deliverAcquire(step, request, now, "acquire")
+            if (Either.isRight(result) && result.right._tag === "Granted") counts[command.mode] = request.count
+            // the hold it meant to re-enter is gone: the client starts afresh
+            if (Either.isLeft(result) && result.left._tag === "NotHeld") retire(command.key, command.holder)
             break
           }
           case "Release": {
-            const request = { key: keyName(command.key), holder: holderName(command.holder), mode: command.mode }
-            const expected = Model.release(model, request, now)
-            model = expected.state
-            const actual = yield* Effect.either(backend.release(request))
-            yield* compare(step, "release result", renderEither(expected.result, String), renderEither(actual, String))
+            const counts = believedOf(command.key, command.holder)
+            const request: ReleaseRequest = {
+              key: keyName(command.key),
+              holder: holderName(command.key, command.holder),
+              mode: command.mode,
+              count: Math.max(1, counts[command.mode]),
+              leaseMs: endedMs
+            }
+            sent.push({ _tag: "Release", request })
+            const result = yield* deliverRelease(step, request, now, "release")
+            if (Either.isRight(result)) counts[command.mode] = result.right
+            if (Either.isLeft(result) || (counts.exclusive === 0 && counts.shared === 0)) retire(command.key, command.holder)
             break
           }
           case "Renew": {
             const requests = command.leases.map((l) => ({
               key: keyName(l.key),
-              holder: holderName(l.holder),
+              holder: holderName(l.key, l.holder),
               leaseMs: l.leaseMs
             }))
             const expected = Model.renew(model, requests, now)
             model = expected.state
             const actual = yield* Effect.either(backend.renew(requests))
-            const render = (results: ReadonlyArray<boolean>) => `[${results.join(", ")}]`
-            yield* compare(step, "renew result", render(expected.result), renderEither(actual, render))
+            yield* compare(step, "renew result", renderRenew(expected.result), renderEither(actual, renderRenew))
             break
           }
           case "Inspect": {
@@ -302,17 +439,30 @@ export const execute = (
             break
           }
           case "ForceRelease": {
-            const expected = Model.forceRelease(model, keyName(command.key), now)
-            model = expected.state
-            const actual = yield* Effect.either(backend.forceRelease(keyName(command.key)))
-            yield* compare(step, "forceRelease result", String(expected.result), renderEither(actual, String))
+            const request: ForceReleaseRequest = { key: keyName(command.key), id: `force-${step}` }
+            sent.push({ _tag: "ForceRelease", request })
+            yield* deliverForceRelease(step, request, now, "forceRelease")
+            for (const [name] of believed) {
+              const [key, holder] = name.split("/").map(Number) as [number, number]
+              if (key === command.key) retire(key, holder)
+            }
             break
           }
           case "Cancel": {
-            const expected = Model.cancel(model, keyName(command.key), holderName(command.holder), now)
-            model = expected.state
-            const actual = yield* Effect.either(backend.cancel(keyName(command.key), holderName(command.holder)))
-            yield* compare(step, "cancel result", "void", renderEither(actual, () => "void"))
+            const request: CancelRequest = {
+              key: keyName(command.key),
+              holder: holderName(command.key, command.holder),
+              leaseMs: endedMs
+            }
+            const held = Model.liveKey(model, request.key, now).holders.some((h) => h.holder === request.holder)
+            sent.push({ _tag: "Cancel", request })
+            yield* deliverCancel(step, request, now, "cancel")
+            if (!held) retire(command.key, command.holder)
+            break
+          }
+          case "Replay": {
+            const item = sent[command.pick]
+            if (item !== undefined) yield* redeliver(step, item, now)
             break
           }
         }
@@ -329,8 +479,12 @@ export const execute = (
       (key) =>
         Effect.ignore(Effect.gen(function*() {
           const state = yield* backend.inspect(keyName(key))
-          yield* Effect.forEach(state.queue, (w) => backend.cancel(keyName(key), w.holder), { discard: true })
-          yield* backend.forceRelease(keyName(key))
+          yield* Effect.forEach(
+            state.queue,
+            (w) => backend.cancel({ key: keyName(key), holder: w.holder, leaseMs: 1 }),
+            { discard: true }
+          )
+          yield* backend.forceRelease({ key: keyName(key), id: crypto.randomUUID() })
         })),
       { discard: true }
     )
