@@ -8,10 +8,13 @@
  *   lease is lost.
  * - Without a fixed `lease`, a watchdog renews the lease every `watchdog / 3` (default watchdog:
  *   30 seconds) for as long as the scope is open.
- * - Re-entrant: the fiber that acquired, the fibers it forks while holding, and the fiber that
- *   joins the one that acquired (as `Effect.timeout` or `Effect.all` do) re-enter: hold count + 1,
- *   same fence. Every other fiber is excluded. A lock acquired while building a `Layer` is held on
- *   behalf of the program the layer is provided to, so that program's fibers re-enter it.
+ * - Re-entrant per fiber: the fiber that acquired (and the body of its `withLock`) re-enters: hold
+ *   count + 1, same fence. A fiber it forks does not hold the lock and waits like any other, so
+ *   concurrent children never share the critical section, and fibers run on a runtime built from
+ *   a layer that acquired a lock do not hold it. A lease acquired in a child that is then joined
+ *   (as `Effect.timeout` or `Effect.all` do) passes to the joining fiber.
+ * - A request that could only be granted once the current fiber released a hold of its own on the
+ *   key fails at once with `SelfDeadlock`.
  *
  * @since 0.1.0
  */

@@ -137,6 +137,21 @@ export const ignoreReleaseLayer: <E, R>(layer: Layer.Layer<LockBackend, E, R>) =
  */
 export type Operation = "acquire" | "release" | "renew" | "inspect" | "forceRelease" | "cancel" | "subscribe"
 
+/** Wraps every operation of `backend` in `around`, which is told which operation it wraps. */
+const eachOperation = (
+  backend: Service,
+  around: <A, E, R>(operation: Operation, effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E | BackendError, R>
+): Service => ({
+  clientId: backend.clientId,
+  acquire: (request) => around("acquire", backend.acquire(request)),
+  release: (request) => around("release", backend.release(request)),
+  renew: (requests) => around("renew", backend.renew(requests)),
+  inspect: (key) => around("inspect", backend.inspect(key)),
+  forceRelease: (request) => around("forceRelease", backend.forceRelease(request)),
+  cancel: (request) => around("cancel", backend.cancel(request)),
+  subscribe: (key, holder, mode) => around("subscribe", backend.subscribe(key, holder, mode))
+})
+
 /**
  * Which calls `failing` breaks, and how.
  *
@@ -205,16 +220,7 @@ export const failing = (options: FailingOptions) => (backend: Service): Service 
       return yield* Effect.fail(new BackendError({ operation, cause: new Error("injected fault") }))
     })
   }
-  return {
-    clientId: backend.clientId,
-    acquire: (request) => inject("acquire", backend.acquire(request)),
-    release: (request) => inject("release", backend.release(request)),
-    renew: (requests) => inject("renew", backend.renew(requests)),
-    inspect: (key) => inject("inspect", backend.inspect(key)),
-    forceRelease: (request) => inject("forceRelease", backend.forceRelease(request)),
-    cancel: (request) => inject("cancel", backend.cancel(request)),
-    subscribe: (key, holder, mode) => inject("subscribe", backend.subscribe(key, holder, mode))
-  }
+  return eachOperation(backend, inject)
 }
 
 /**
@@ -293,22 +299,15 @@ export const duplicating = (options: DuplicatingOptions) => (backend: Service): 
       calls.set(operation, call)
       return typeof when === "number" ? Effect.map(Random.next, (x) => x < when) : Effect.sync(() => when(call))
     })
-  const twice = <A, E>(operation: Operation, effect: Effect.Effect<A, E>): Effect.Effect<A, E> =>
-    Effect.flatMap(decide(operation), (copy) => {
+  const twice = <A, E, R>(operation: Operation, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+    // reads and subscriptions change no state: nothing to deliver twice
+    operation === "inspect" || operation === "subscribe" ? effect : Effect.flatMap(decide(operation), (copy) => {
       if (!copy) return effect
       if (options.copyAfter === undefined) return Effect.zipRight(Effect.exit(effect), effect)
-      return Effect.tap(effect, () => Effect.forkDaemon(Effect.delay(Effect.exit(effect), options.copyAfter!)))
+      const late = Effect.delay(Effect.exit(effect), options.copyAfter)
+      return Effect.tap(effect, () => Effect.forkDaemon(late))
     })
-  return {
-    clientId: backend.clientId,
-    acquire: (request) => twice("acquire", backend.acquire(request)),
-    release: (request) => twice("release", backend.release(request)),
-    renew: (requests) => twice("renew", backend.renew(requests)),
-    inspect: backend.inspect,
-    forceRelease: (request) => twice("forceRelease", backend.forceRelease(request)),
-    cancel: (request) => twice("cancel", backend.cancel(request)),
-    subscribe: backend.subscribe
-  }
+  return eachOperation(backend, twice)
 }
 
 /**
@@ -357,16 +356,7 @@ export const slow = (options: {
     : options.operation
   const delayed = <A, E, R>(operation: Operation, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
     operations.includes(operation) ? Effect.delay(effect, options.delay) : effect
-  return {
-    clientId: backend.clientId,
-    acquire: (request) => delayed("acquire", backend.acquire(request)),
-    release: (request) => delayed("release", backend.release(request)),
-    renew: (requests) => delayed("renew", backend.renew(requests)),
-    inspect: (key) => delayed("inspect", backend.inspect(key)),
-    forceRelease: (request) => delayed("forceRelease", backend.forceRelease(request)),
-    cancel: (request) => delayed("cancel", backend.cancel(request)),
-    subscribe: (key, holder, mode) => delayed("subscribe", backend.subscribe(key, holder, mode))
-  }
+  return eachOperation(backend, delayed)
 }
 
 /**
@@ -439,6 +429,7 @@ export const losingData = <E>(layer: Layer.Layer<LockBackend, E>): Layer.Layer<L
       current = next
       yield* Scope.close(previous.scope, Exit.void)
     })
+    // every call goes to the instance current when it runs
     const service: Service = {
       clientId: current.service.clientId,
       acquire: (request) => Effect.suspend(() => current.service.acquire(request)),
