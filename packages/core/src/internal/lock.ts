@@ -197,6 +197,12 @@ export const acquire = (
         spec.backend.acquire(request).pipe(
           Effect.tap((result) => {
             if (result._tag === "Denied") return Effect.void
+            if (found !== undefined && result.fence !== found.fence) {
+              // granted afresh (a writer taking the read lock of a key the backend forgot): the
+              // hold being re-entered is gone; give the new grant back and start over
+              stale = true
+              return Effect.zipRight(found.lose("NotHeld"), cleanUpAttempt(spec, request))
+            }
             return Effect.map(attach(spec, request, result.fence, sentAt, leaseScope, found), (lease) => {
               granted = lease
             })

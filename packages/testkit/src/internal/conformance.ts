@@ -839,6 +839,16 @@ export const register = (harness: Harness, test: TestFn): void => {
         assert.notStrictEqual(again.holder, before.holder)
         assert.isAbove(again.fence, other.lease.fence)
         assert.strictEqual((yield* Fiber.join(lost).pipe(promptly)).reason, "NotHeld")
+        // so is a writer taking the read lock of a key the backend forgot
+        const rw = yield* ReadWriteLock.make(`${key}-rw`)
+        const writer = yield* Lock.acquire(rw.write)
+        yield* control.wipe
+        yield* elapse(1)
+        const writerLost = yield* Effect.fork(Effect.flip(writer.lost))
+        const reader = yield* Lock.acquire(rw.read)
+        assert.notStrictEqual(reader.holder, writer.holder)
+        assert.isAbove(reader.fence, writer.fence)
+        assert.strictEqual((yield* Fiber.join(writerLost).pipe(promptly)).reason, "NotHeld")
       })).pipe(onLayer(harness.dataLoss ?? FaultyBackend.losingData(harness.layer)))
     }))
 
