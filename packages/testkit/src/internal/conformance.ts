@@ -342,12 +342,15 @@ export const register = (harness: Harness, test: TestFn): void => {
         yield* settle
         yield* inside.leave(lease)
       }))
-      // the parent releases while its children wait; they then enter one at a time
-      const children = yield* Effect.scoped(Effect.gen(function*() {
-        yield* Lock.acquire(lock)
-        return yield* Effect.fork(Effect.all(range(4).map(() => section), { concurrency: "unbounded" }))
-      }))
-      yield* Fiber.join(children).pipe(promptly)
+      // the children start while the parent holds the lock: they wait, then enter one at a time
+      yield* Effect.scoped(Effect.gen(function*() {
+        const lease = yield* Lock.acquire(lock)
+        yield* inside.enter(lease)
+        const children = yield* Effect.fork(Effect.all(range(4).map(() => section), { concurrency: "unbounded" }))
+        yield* settle
+        yield* inside.leave(lease)
+        return children
+      })).pipe(Effect.flatMap((children) => Fiber.join(children).pipe(promptly)))
       assert.deepStrictEqual(inside.state.violations, [])
       assert.strictEqual(inside.state.maxHolders, 1)
     })))
