@@ -43,3 +43,10 @@ export * as ModelCheck from "./ModelCheck.js"
  * @since 0.1.0
  */
 export * as RedisServer from "./RedisServer.js"
+
+/**
+ * A loopback TCP proxy that resets connections or loses a chosen reply, for network fault tests.
+ *
+ * @since 0.1.0
+ */
+export * as TcpProxy from "./TcpProxy.js"
