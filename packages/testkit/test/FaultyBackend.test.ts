@@ -1,11 +1,11 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Either } from "effect"
-import type { AcquireRequest, Service } from "@lockstep/core/LockBackend"
+import { Effect, Either, Fiber, Option, TestClock } from "effect"
+import type { AcquireRequest, ReleaseRequest, Service } from "@lockstep/core/LockBackend"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { MemoryBackend } from "@lockstep/memory"
 import * as FaultyBackend from "@lockstep/testkit/FaultyBackend"
 
-const exclusive = (holder: string): AcquireRequest => ({
+const exclusive = (holder: string, count = 1): AcquireRequest => ({
   key: "k",
   holder,
   mode: "exclusive",
@@ -13,8 +13,11 @@ const exclusive = (holder: string): AcquireRequest => ({
   limit: 1,
   leaseMs: 1_000,
   fair: false,
-  waiterTtlMs: 100
+  waiterTtlMs: 100,
+  count
 })
+
+const release = (holder: string, count = 1): ReleaseRequest => ({ key: "k", holder, mode: "exclusive", count, leaseMs: 1_000 })
 
 const withBackend = <A, E>(f: (backend: Service) => Effect.Effect<A, E>) => Effect.flatMap(LockBackend, f)
 
@@ -44,9 +47,9 @@ describe("FaultyBackend", () => {
     withBackend((backend) =>
       Effect.gen(function*() {
         yield* backend.acquire(exclusive("a"))
-        yield* backend.acquire(exclusive("a"))
-        assert.strictEqual(yield* backend.release({ key: "k", holder: "a", mode: "exclusive" }), 1)
-        assert.strictEqual(yield* backend.release({ key: "k", holder: "z", mode: "exclusive" }), 0)
+        yield* backend.acquire(exclusive("a", 2))
+        assert.strictEqual(yield* backend.release(release("a", 2)), 1)
+        assert.strictEqual(yield* backend.release(release("z")), 0)
         const state = yield* backend.inspect("k")
         assert.strictEqual(state.holders[0]?.exclusive, 2)
       })
@@ -72,7 +75,7 @@ describe("FaultyBackend", () => {
       const acquired = yield* Effect.either(backend.acquire(exclusive("a")))
       assert.isTrue(Either.isLeft(acquired))
       assert.deepStrictEqual((yield* real.inspect("k")).holders.map((h) => h.holder), ["a"])
-      const released = yield* Effect.either(backend.release({ key: "k", holder: "a", mode: "exclusive" }))
+      const released = yield* Effect.either(backend.release(release("a")))
       assert.isTrue(Either.isLeft(released))
       assert.deepStrictEqual((yield* real.inspect("k")).holders, [])
     }))
@@ -91,4 +94,52 @@ describe("FaultyBackend", () => {
         assert.deepStrictEqual(outcomes.map((o) => o._tag), ["Right", "Right", "Left"])
       })
     ).pipe(Effect.provide(FaultyBackend.failingLayer({ operation: "inspect", when: (call) => call === 3 })(MemoryBackend.layer))))
+
+  it.effect("duplicating runs a call twice; the caller sees the second run's reply", () =>
+    Effect.gen(function*() {
+      const real = yield* MemoryBackend.make
+      const calls: Array<string> = []
+      const counting: Service = { ...real, release: (r) => Effect.zipRight(Effect.sync(() => calls.push(r.holder)), real.release(r)) }
+      const backend = FaultyBackend.duplicating({ operation: "release", when: 1 })(counting)
+      yield* backend.acquire(exclusive("a"))
+      yield* backend.acquire(exclusive("a", 2))
+      // the copy of a release from 2 finds the count at 1 already: it changes nothing
+      assert.strictEqual(yield* backend.release(release("a", 2)), 1)
+      assert.deepStrictEqual(calls, ["a", "a"])
+      assert.strictEqual((yield* real.inspect("k")).holders[0]?.exclusive, 1)
+    }))
+
+  it.effect("duplicating with copyAfter delivers a late copy in the background", () =>
+    Effect.gen(function*() {
+      const real = yield* MemoryBackend.make
+      const backend = FaultyBackend.duplicating({ operation: "acquire", when: 1, copyAfter: "100 millis" })(real)
+      yield* backend.acquire(exclusive("a"))
+      yield* backend.release(release("a"))
+      yield* TestClock.adjust("100 millis")
+      yield* Effect.yieldNow()
+      // the late copy of a's acquisition came after a ended: it granted nothing
+      assert.deepStrictEqual((yield* real.inspect("k")).holders, [])
+    }))
+
+  it.effect("slow delays chosen calls on the clock", () =>
+    Effect.gen(function*() {
+      const backend = FaultyBackend.slow({ operation: "acquire", delay: "1 second" })(yield* MemoryBackend.make)
+      const fiber = yield* Effect.fork(backend.acquire(exclusive("a")))
+      yield* TestClock.adjust("999 millis")
+      assert.isTrue(Option.isNone(yield* Fiber.poll(fiber)))
+      yield* TestClock.adjust("1 millis")
+      assert.strictEqual((yield* Fiber.join(fiber))._tag, "Granted")
+    }))
+
+  it.effect("losingData: wipe replaces the backend by an empty one, keeping the clientId", () =>
+    Effect.gen(function*() {
+      const backend = yield* LockBackend
+      const control = yield* FaultyBackend.DataLoss
+      const clientId = backend.clientId
+      yield* backend.acquire(exclusive("a"))
+      yield* control.wipe
+      assert.strictEqual(backend.clientId, clientId)
+      assert.deepStrictEqual((yield* backend.inspect("k")).holders, [])
+      assert.strictEqual((yield* backend.acquire(exclusive("b")))._tag, "Granted")
+    }).pipe(Effect.provide(FaultyBackend.losingData(MemoryBackend.layer))))
 })

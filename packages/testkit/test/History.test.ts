@@ -1,6 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Either, TestClock } from "effect"
-import type { AcquireRequest, HoldMode } from "@lockstep/core/LockBackend"
+import type { AcquireRequest, HoldMode, ReleaseRequest } from "@lockstep/core/LockBackend"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { MemoryBackend } from "@lockstep/memory"
 import * as FaultyBackend from "@lockstep/testkit/FaultyBackend"
@@ -187,10 +187,12 @@ describe("History.instrument", () => {
     limit: 1,
     leaseMs,
     fair: false,
-    waiterTtlMs: 100
+    waiterTtlMs: 100,
+    count: 1
   })
+  const release = (holder: string): ReleaseRequest => ({ key: "k", holder, mode: "exclusive", count: 1, leaseMs: 1_000 })
 
-  /** Many fibers take turns on one key: acquire (retrying on denial), hold, release. */
+  /** Many fibers take turns on one key: acquire (retrying on denial), hold, release; a fresh holder each round. */
   const contend = (fibers: number, rounds: number) =>
     Effect.gen(function*() {
       const history = yield* History.make
@@ -202,14 +204,15 @@ describe("History.instrument", () => {
           Effect.gen(function*() {
             let taken = 0
             while (taken < rounds) {
-              const result = yield* backend.acquire(exclusive(holder))
+              const round = `${holder}.${taken}`
+              const result = yield* backend.acquire(exclusive(round))
               if (result._tag === "Denied") {
                 yield* Effect.yieldNow()
                 continue
               }
               taken++
               yield* Effect.yieldNow()
-              const released = yield* Effect.either(backend.release({ key: "k", holder, mode: "exclusive" }))
+              const released = yield* Effect.either(backend.release(release(round)))
               if (Either.isLeft(released)) releaseFailures++
             }
           }),
@@ -244,11 +247,11 @@ describe("History.instrument", () => {
       const second = yield* backend.acquire(exclusive("b", 10))
       assert.strictEqual(second._tag, "Granted")
       const renewed = yield* backend.renew([{ key: "k", holder: "a", leaseMs: 10 }, { key: "k", holder: "b", leaseMs: 50 }])
-      assert.deepStrictEqual(renewed, [false, true])
-      const released = yield* Effect.either(backend.release({ key: "k", holder: "a", mode: "exclusive" }))
+      assert.deepStrictEqual(renewed, [Either.right(false), Either.right(true)])
+      const released = yield* Effect.either(backend.release(release("a")))
       assert.isTrue(Either.isLeft(released))
       yield* TestClock.adjust(20)
-      assert.isTrue(yield* backend.forceRelease("k"))
+      assert.isTrue(yield* backend.forceRelease({ key: "k", id: "force-1" }))
       const events = yield* history.events
       assert.deepStrictEqual(events.map((e) => e._tag), ["Grant", "Grant", "Expire", "Renew", "ForceRelease"])
       assert.deepStrictEqual(yield* history.check, [])
@@ -264,6 +267,28 @@ describe("History.instrument", () => {
     }).pipe(
       Effect.provide(
         FaultyBackend.failingLayer({ operation: "acquire", when: 1 })(MemoryBackend.layer)
+      )
+    ))
+
+  it.effect("lost replies: a release still ends the hold, the clean-up of an unanswered grant is not recorded", () =>
+    Effect.gen(function*() {
+      const history = yield* History.make
+      const backend = History.instrument(history, yield* LockBackend)
+      // a's grant happens but its reply is lost; the API releases it best-effort with the same count
+      assert.isTrue(Either.isLeft(yield* Effect.either(backend.acquire(exclusive("a")))))
+      yield* backend.release(release("a"))
+      // b's grant is answered, its release runs but the reply is lost
+      assert.strictEqual((yield* backend.acquire(exclusive("b")))._tag, "Granted")
+      assert.isTrue(Either.isLeft(yield* Effect.either(backend.release(release("b")))))
+      assert.strictEqual((yield* backend.acquire(exclusive("c")))._tag, "Granted")
+      const events = yield* history.events
+      assert.deepStrictEqual(events.map((e) => e._tag), ["Grant", "Release", "Grant"])
+      assert.deepStrictEqual(yield* history.check, [])
+    }).pipe(
+      Effect.provide(
+        FaultyBackend.failingLayer({ operation: "release", when: (call) => call === 2, timing: "after" })(
+          FaultyBackend.failingLayer({ operation: "acquire", when: (call) => call === 1, timing: "after" })(MemoryBackend.layer)
+        )
       )
     ))
 })

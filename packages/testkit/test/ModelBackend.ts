@@ -21,8 +21,8 @@ export const make: Effect.Effect<Service> = Effect.gen(function*() {
     release: (request) => Effect.flatMap(step((s, now) => Model.release(s, request, now)), (e) => e),
     renew: (requests) => step((s, now) => Model.renew(s, requests, now)),
     inspect: (key) => step((s, now) => Model.inspect(s, key, now)),
-    forceRelease: (key) => step((s, now) => Model.forceRelease(s, key, now)),
-    cancel: (key, holder) => step((s, now) => Model.cancel(s, key, holder, now)),
+    forceRelease: (request) => step((s, now) => Model.forceRelease(s, request, now)),
+    cancel: (request) => step((s, now) => Model.cancel(s, request, now)),
     subscribe: () => Effect.succeed({ await: Effect.never })
   }
 })
