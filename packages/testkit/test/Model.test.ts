@@ -1,6 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Either } from "effect"
-import type { AcquireRequest, AcquireResult, KeyState } from "@lockstep/core/LockBackend"
+import type { AcquireRequest, AcquireResult, HoldMode, KeyState, ReleaseRequest } from "@lockstep/core/LockBackend"
 import * as Model from "@lockstep/testkit/Model"
 
 const K = "k"
@@ -14,6 +14,8 @@ const request = (holder: string, overrides: Partial<AcquireRequest> = {}): Acqui
   leaseMs: 100,
   fair: false,
   waiterTtlMs: 50,
+  // 0: filled in by `acquireAll` from the state, as a client would (its count + 1)
+  count: 0,
   ...overrides
 })
 const shared = (holder: string, permits: number, limit: number, overrides: Partial<AcquireRequest> = {}) =>
@@ -27,12 +29,28 @@ const acquireAll = (
 ) => {
   const results: Array<Either.Either<AcquireResult, Model.AcquireError>> = []
   for (const [req, now] of steps) {
-    const step = Model.acquire(state, req, now)
+    const step = Model.acquire(state, withCount(state, req, now), now)
     state = step.state
     results.push(step.result)
   }
   return { state, results }
 }
+
+/** The holder's current count in `mode` on `key` at `now`. */
+const countOf = (state: Model.State, key: string, holder: string, mode: HoldMode, now: number): number => {
+  const hold = Model.inspect(state, key, now).result.holders.find((h) => h.holder === holder)
+  return hold === undefined ? 0 : mode === "exclusive" ? hold.exclusive : hold.shared
+}
+const withCount = (state: Model.State, req: AcquireRequest, now: number): AcquireRequest =>
+  req.count === 0 ? { ...req, count: countOf(state, req.key, req.holder, req.mode, now) + 1 } : req
+/** A release as a client sends it: from the holder's current count (1 for a non-holder). */
+const releaseOf = (state: Model.State, holder: string, mode: HoldMode, now: number, key = K): ReleaseRequest => ({
+  key,
+  holder,
+  mode,
+  count: Math.max(1, countOf(state, key, holder, mode, now)),
+  leaseMs: 100
+})
 
 const granted = (fence: number, count: number) => Either.right<AcquireResult>({ _tag: "Granted", fence, count })
 const denied = (retryAfterMs: number) => Either.right<AcquireResult>({ _tag: "Denied", retryAfterMs })
@@ -63,7 +81,8 @@ describe("Model", () => {
 
     it("drops expired holders first: a hold ends exactly at its expiry", () => {
       const { results, state } = acquireAll([[request("a"), 0], [request("b"), 99], [request("b"), 100]])
-      assert.deepStrictEqual(results, [granted(1, 1), denied(1), granted(2, 1)])
+      // a new grant's fence is never below the clock in microseconds
+      assert.deepStrictEqual(results, [granted(1, 1), denied(1), granted(100_000, 1)])
       assert.deepStrictEqual(holderNames(state, 100), ["b"])
     })
 
@@ -105,7 +124,7 @@ describe("Model", () => {
         [shared("b", 1, Infinity), 1],
         [shared("c", 1, Infinity), 2]
       ])
-      assert.deepStrictEqual(results, [granted(1, 1), granted(2, 1), granted(3, 1)])
+      assert.deepStrictEqual(results, [granted(1, 1), granted(1_000, 1), granted(2_000, 1)])
       assert.deepStrictEqual(holderNames(state, 2), ["a", "b", "c"])
       assert.strictEqual(view(state, 2).limit, Infinity)
     })
@@ -117,7 +136,7 @@ describe("Model", () => {
         [shared("c", 1, 3), 5], // 3 + 1 > 3
         [shared("c", 1, 3), 20] // b expired: 1 + 1 <= 3
       ])
-      assert.deepStrictEqual(results, [granted(1, 1), granted(2, 1), denied(15), granted(3, 1)])
+      assert.deepStrictEqual(results, [granted(1, 1), granted(2, 1), denied(15), granted(20_000, 1)])
     })
 
     it("excludes readers while a writer holds, and a writer while readers hold", () => {
@@ -157,21 +176,21 @@ describe("Model", () => {
       )
       // the holder itself cannot change the limit either
       assert.strictEqual(tagOf(Model.acquire(first.state, shared("a", 1, 5), 1).result), "InvalidLockOptions")
-      const released = Model.release(first.state, { key: K, holder: "a", mode: "shared" }, 2)
+      const released = Model.release(first.state, releaseOf(first.state, "a", "shared", 2), 2)
       assert.strictEqual(view(released.state, 2).limit, undefined)
-      assert.deepStrictEqual(Model.acquire(released.state, shared("b", 1, 5), 3).result, granted(2, 1))
+      assert.deepStrictEqual(Model.acquire(released.state, withCount(released.state, shared("b", 1, 5), 3), 3).result, granted(3_000, 1))
     })
   })
 
   describe("fences", () => {
     it("never go back, even after the key was empty or force-released", () => {
       let state = acquireAll([[request("a"), 0]]).state
-      state = Model.release(state, { key: K, holder: "a", mode: "exclusive" }, 1).state
+      state = Model.release(state, releaseOf(state, "a", "exclusive", 1), 1).state
       assert.strictEqual(view(state, 1).fence, 1)
       state = acquireAll([[request("b"), 2]], state).state
-      state = Model.forceRelease(state, K, 3).state
+      state = Model.forceRelease(state, { key: K, id: "force" }, 3).state
       const { results } = acquireAll([[request("c"), 4]], state)
-      assert.deepStrictEqual(results, [granted(3, 1)])
+      assert.deepStrictEqual(results, [granted(4_000, 1)])
     })
 
     it("are per key", () => {
@@ -183,37 +202,40 @@ describe("Model", () => {
   describe("release", () => {
     it("decrements the count and removes the holder at 0", () => {
       let { state } = acquireAll([[request("a"), 0], [request("a"), 1]])
-      const first = Model.release(state, { key: K, holder: "a", mode: "exclusive" }, 2)
+      const first = Model.release(state, releaseOf(state, "a", "exclusive", 2), 2)
       assert.deepStrictEqual(first.result, Either.right(1))
       state = first.state
-      const second = Model.release(state, { key: K, holder: "a", mode: "exclusive" }, 3)
+      const second = Model.release(state, releaseOf(state, "a", "exclusive", 3), 3)
       assert.deepStrictEqual(second.result, Either.right(0))
       assert.deepStrictEqual(holderNames(second.state, 3), [])
     })
 
     it("releases one mode of a downgraded writer, keeping the other", () => {
       const { state } = acquireAll([[request("w"), 0], [shared("w", 2, 3), 1]])
-      const step = Model.release(state, { key: K, holder: "w", mode: "exclusive" }, 2)
+      const step = Model.release(state, releaseOf(state, "w", "exclusive", 2), 2)
       assert.deepStrictEqual(step.result, Either.right(0))
       assert.deepStrictEqual(view(step.state, 2).holders, [
         { holder: "w", exclusive: 0, shared: 1, permits: 2, fence: 1, ttlMs: 99 }
       ])
       // now another reader fits (2 + 1 <= 3)
-      assert.deepStrictEqual(Model.acquire(step.state, shared("r", 1, 3), 3).result, granted(2, 1))
+      assert.deepStrictEqual(Model.acquire(step.state, withCount(step.state, shared("r", 1, 3), 3), 3).result, granted(3_000, 1))
     })
 
-    it("reports NotHeld for a non-holder, the wrong mode and an expired hold, changing nothing", () => {
+    it("reports NotHeld for a non-holder and an expired hold, changing no hold", () => {
       const { state } = acquireAll([[request("a", { leaseMs: 10 }), 0]])
       const cases = [
-        { key: K, holder: "b", mode: "exclusive" as const, now: 1 },
-        { key: K, holder: "a", mode: "shared" as const, now: 1 },
-        { key: K, holder: "a", mode: "exclusive" as const, now: 10 }
+        { key: K, holder: "b", mode: "exclusive" as const, count: 1, leaseMs: 100, now: 1 },
+        { key: K, holder: "a", mode: "exclusive" as const, count: 1, leaseMs: 100, now: 10 }
       ]
       for (const { now, ...req } of cases) {
         const step = Model.release(state, req, now)
         assert.strictEqual(tagOf(step.result), "NotHeld")
         assert.deepStrictEqual(view(step.state, now), view(state, now))
       }
+      // a holder releasing a mode it does not hold: taken as a copy of a release already applied
+      const wrongMode = Model.release(state, { key: K, holder: "a", mode: "shared", count: 1, leaseMs: 100 }, 1)
+      assert.deepStrictEqual(wrongMode.result, Either.right(0))
+      assert.deepStrictEqual(view(wrongMode.state, 1), view(state, 1))
     })
   })
 
@@ -226,7 +248,7 @@ describe("Model", () => {
         { key: "x", holder: "b", leaseMs: 100 }, // expired at 10
         { key: K, holder: "c", leaseMs: 100 } // never held
       ], 50)
-      assert.deepStrictEqual(step.result, [true, true, false, false])
+      assert.deepStrictEqual(step.result, [true, true, false, false].map((ok) => Either.right(ok)))
       assert.strictEqual(view(step.state, 50).holders[0]?.ttlMs, 200)
     })
   })
@@ -245,11 +267,11 @@ describe("Model", () => {
 
     it("grants the head when the key is free, denies those behind it", () => {
       let { state } = acquireAll([[request("a"), 0], [fair("b"), 0], [fair("c"), 0]])
-      state = Model.release(state, { key: K, holder: "a", mode: "exclusive" }, 5).state
+      state = Model.release(state, releaseOf(state, "a", "exclusive", 5), 5).state
       const behind = Model.acquire(state, fair("c"), 6)
       assert.deepStrictEqual(behind.result, denied(44)) // until b's entry expires (0 + 50)
-      const head = Model.acquire(behind.state, fair("b"), 7)
-      assert.deepStrictEqual(head.result, granted(2, 1))
+      const head = Model.acquire(behind.state, withCount(behind.state, fair("b"), 7), 7)
+      assert.deepStrictEqual(head.result, granted(7_000, 1))
       assert.deepStrictEqual(queueNames(head.state, 7), ["c"]) // the grant removed b
     })
 
@@ -260,7 +282,7 @@ describe("Model", () => {
         [fair("c", { waiterTtlMs: 50 }), 0],
         [fair("c"), 30]
       ])
-      assert.deepStrictEqual(results[3], granted(2, 1))
+      assert.deepStrictEqual(results[3], granted(30_000, 1))
       assert.deepStrictEqual(queueNames(state, 30), [])
     })
 
@@ -272,7 +294,7 @@ describe("Model", () => {
         [shared("a", 1, Infinity, { fair: true, leaseMs: 10 }), 2], // downgrade
         [request("c"), 20] // barges past b
       ])
-      assert.deepStrictEqual(results.slice(2), [granted(1, 2), granted(1, 1), granted(2, 1)])
+      assert.deepStrictEqual(results.slice(2), [granted(1, 2), granted(1, 1), granted(20_000, 1)])
     })
 
     it("applies to shared requests too", () => {
@@ -287,23 +309,71 @@ describe("Model", () => {
 
     it("cancel removes a waiter and leaves the others in order", () => {
       const { state } = acquireAll([[request("a"), 0], [fair("b"), 0], [fair("c"), 0], [fair("d"), 0]])
-      const step = Model.cancel(state, K, "c", 1)
+      const step = Model.cancel(state, { key: K, holder: "c", leaseMs: 50 }, 1)
       assert.deepStrictEqual(queueNames(step.state, 1), ["b", "d"])
-      assert.deepStrictEqual(Model.cancel(step.state, K, "zz", 1).state.keys.get(K)?.queue, step.state.keys.get(K)?.queue)
+      assert.deepStrictEqual(Model.cancel(step.state, { key: K, holder: "zz", leaseMs: 50 }, 1).state.keys.get(K)?.queue, step.state.keys.get(K)?.queue)
     })
   })
 
   describe("forceRelease", () => {
     it("drops every live holder, keeps the queue, reports whether anything was held", () => {
       const { state } = acquireAll([[shared("a", 1, 3), 0], [shared("b", 1, 3), 0], [request("c", { fair: true }), 0]])
-      const step = Model.forceRelease(state, K, 1)
+      const step = Model.forceRelease(state, { key: K, id: "force" }, 1)
       assert.strictEqual(step.result, true)
       assert.deepStrictEqual(holderNames(step.state, 1), [])
       assert.deepStrictEqual(queueNames(step.state, 1), ["c"])
       assert.strictEqual(view(step.state, 1).limit, undefined)
-      assert.strictEqual(Model.forceRelease(step.state, K, 2).result, false)
+      assert.strictEqual(Model.forceRelease(step.state, { key: K, id: "force-2" }, 2).result, false)
+      // a second delivery of the same forced release answers as the first and drops no later holder
+      const later = acquireAll([[request("d"), 2]], step.state).state
+      const copy = Model.forceRelease(later, { key: K, id: "force" }, 3)
+      assert.strictEqual(copy.result, true)
+      assert.deepStrictEqual(holderNames(copy.state, 3), ["d"])
       // expired holders do not count
-      assert.strictEqual(Model.forceRelease(state, K, 100).result, false)
+      assert.strictEqual(Model.forceRelease(state, { key: K, id: "force-3" }, 100).result, false)
+    })
+  })
+
+  describe("at-least-once delivery", () => {
+    it("an acquisition delivered twice takes one hold; so does a release", () => {
+      const { results, state } = acquireAll([[request("a"), 0], [request("a", { count: 2 }), 1], [request("a", { count: 2 }), 2]])
+      assert.deepStrictEqual(results, [granted(1, 1), granted(1, 2), granted(1, 2)])
+      const release = { key: K, holder: "a", mode: "exclusive" as const, count: 2, leaseMs: 100 }
+      const first = Model.release(state, release, 3)
+      const copy = Model.release(first.state, release, 4)
+      assert.deepStrictEqual([first.result, copy.result], [Either.right(1), Either.right(1)])
+      assert.deepStrictEqual(holderNames(copy.state, 4), ["a"])
+    })
+
+    it("an ended holder is remembered for its lease: a late acquisition is NotHeld, a copy of the last release answers 0", () => {
+      const { state } = acquireAll([[request("a"), 0]])
+      const release = { key: K, holder: "a", mode: "exclusive" as const, count: 1, leaseMs: 100 }
+      const ended = Model.release(state, release, 10).state
+      assert.strictEqual(tagOf(Model.acquire(ended, request("a", { count: 1 }), 50).result), "NotHeld")
+      assert.deepStrictEqual(Model.release(ended, release, 50).result, Either.right(0))
+      // forgotten after the lease
+      assert.deepStrictEqual(Model.acquire(ended, request("a", { count: 1 }), 110).result, granted(110_000, 1))
+    })
+
+    it("a re-entry by a holder that holds nothing is NotHeld: its hold was lost", () => {
+      assert.strictEqual(tagOf(Model.acquire(Model.empty, request("a", { count: 2 }), 0).result), "NotHeld")
+    })
+
+    it("a cancelled waiter is not queued again by a late copy of its attempt", () => {
+      const { state } = acquireAll([[request("a"), 0], [fair("b", { count: 1 }), 0]])
+      const cancelled = Model.cancel(state, { key: K, holder: "b", leaseMs: 100 }, 1).state
+      const late = Model.acquire(cancelled, fair("b", { count: 1 }), 2)
+      assert.strictEqual(tagOf(late.result), "NotHeld")
+      assert.deepStrictEqual(queueNames(late.state, 2), [])
+    })
+
+    it("fences are forgotten a lease after the last grant and once the clock passed them, and still go up", () => {
+      let state = acquireAll([[request("a", { leaseMs: 10 }), 0], [request("b", { leaseMs: 10 }), 20]]).state
+      assert.strictEqual(view(state, 25).fence, 20_000)
+      state = Model.release(state, { key: K, holder: "b", mode: "exclusive", count: 1, leaseMs: 10 }, 25).state
+      assert.strictEqual(view(state, 31).fence, 0)
+      const { results } = acquireAll([[request("c"), 31]], state)
+      assert.deepStrictEqual(results, [granted(31_000, 1)])
     })
   })
 
@@ -321,9 +391,9 @@ describe("Model", () => {
     const { state } = acquireAll([[request("a"), 0]])
     const before = JSON.stringify([...state.keys])
     Model.acquire(state, request("a"), 1)
-    Model.release(state, { key: K, holder: "a", mode: "exclusive" }, 1)
+    Model.release(state, releaseOf(state, "a", "exclusive", 1), 1)
     Model.renew(state, [{ key: K, holder: "a", leaseMs: 500 }], 1)
-    Model.forceRelease(state, K, 1)
+    Model.forceRelease(state, { key: K, id: "force" }, 1)
     Model.acquire(state, fair("b"), 1)
     assert.strictEqual(JSON.stringify([...state.keys]), before)
   })
