@@ -1,7 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Layer, Option, Scope, TestClock } from "effect"
+import { Effect, Either, Exit, Fiber, Layer, Option, Scope, TestClock } from "effect"
 import { LockBackend } from "@lockstep/core/LockBackend"
-import type { AcquireRequest, AcquireResult, Service, Subscription } from "@lockstep/core/LockBackend"
+import type { AcquireRequest, AcquireResult, HoldMode, ReleaseRequest, Service, Subscription } from "@lockstep/core/LockBackend"
 import * as LockError from "@lockstep/core/LockError"
 import { MemoryBackend } from "@lockstep/memory"
 import { unsafeMake } from "../src/internal/memoryBackend.js"
@@ -17,8 +17,42 @@ const request = (holder: string, overrides: Partial<AcquireRequest> = {}): Acqui
   leaseMs: 1000,
   fair: false,
   waiterTtlMs: 100,
+  // 0: filled in by `counted` from the backend's state, as a lock API would send it
+  count: 0,
   ...overrides
 })
+
+/** A release as a lock API sends it; `counted` fills in the holder's current count. */
+const rel = (holder: string, mode: HoldMode = "exclusive", key = KEY): ReleaseRequest => ({
+  key,
+  holder,
+  mode,
+  count: 0,
+  leaseMs: 1000
+})
+
+/**
+ * The backend, with the counts of requests that leave them at 0 filled in from its state: an
+ * acquisition takes the holder's count + 1, a release starts from the holder's count.
+ */
+const counted = (backend: Service): Service => {
+  const countOf = (key: string, holder: string, mode: HoldMode) =>
+    Effect.map(backend.inspect(key), (state) => {
+      const hold = state.holders.find((h) => h.holder === holder)
+      return hold === undefined ? 0 : mode === "exclusive" ? hold.exclusive : hold.shared
+    })
+  return {
+    ...backend,
+    acquire: (r) =>
+      r.count !== 0
+        ? backend.acquire(r)
+        : Effect.flatMap(countOf(r.key, r.holder, r.mode), (count) => backend.acquire({ ...r, count: count + 1 })),
+    release: (r) =>
+      r.count !== 0
+        ? backend.release(r)
+        : Effect.flatMap(countOf(r.key, r.holder, r.mode), (count) => backend.release({ ...r, count: Math.max(1, count) }))
+  }
+}
 
 const read = (holder: string, overrides: Partial<AcquireRequest> = {}) =>
   request(holder, { mode: "shared", limit: Infinity, ...overrides })
@@ -54,7 +88,10 @@ const waitFor = (backend: Service, req: AcquireRequest) =>
     }
   }).pipe(Effect.scoped)
 
-const fresh = Effect.sync(() => unsafeMake("test-client"))
+const fresh = Effect.sync(() => {
+  const made = unsafeMake("test-client")
+  return { service: counted(made.service), sizes: made.sizes }
+})
 
 describe("MemoryBackend", () => {
   describe("constructors", () => {
@@ -101,10 +138,10 @@ describe("MemoryBackend", () => {
         assert.strictEqual((yield* backend.inspect(KEY)).holders[0]?.ttlMs, 500)
         granted(yield* backend.acquire(request("a:1", { leaseMs: 1000 })))
         assert.strictEqual((yield* backend.inspect(KEY)).holders[0]?.ttlMs, 1000)
-        assert.strictEqual(yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" }), 2)
-        assert.strictEqual(yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" }), 1)
+        assert.strictEqual(yield* backend.release(rel("a:1", "exclusive")), 2)
+        assert.strictEqual(yield* backend.release(rel("a:1", "exclusive")), 1)
         denied(yield* backend.acquire(request("b:1")))
-        assert.strictEqual(yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" }), 0)
+        assert.strictEqual(yield* backend.release(rel("a:1", "exclusive")), 0)
         granted(yield* backend.acquire(request("b:1")))
       }))
 
@@ -112,7 +149,7 @@ describe("MemoryBackend", () => {
       Effect.gen(function* () {
         const { service: backend, sizes } = yield* fresh
         const a = granted(yield* backend.acquire(request("a:1")))
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        yield* backend.release(rel("a:1", "exclusive"))
         assert.deepStrictEqual(yield* backend.inspect(KEY), {
           key: KEY,
           fence: a.fence,
@@ -120,15 +157,26 @@ describe("MemoryBackend", () => {
           holders: [],
           queue: []
         })
-        assert.deepStrictEqual(sizes(), { keys: 0, subscribedKeys: 0, subscriptions: 0, fences: 1 })
+        // the key remembers its fence and its ended holder for a lease, then nothing
+        assert.deepStrictEqual(sizes(), { keys: 1, subscribedKeys: 0, subscriptions: 0, fences: 1, ended: 1 })
         const b = granted(yield* backend.acquire(request("b:1")))
         assert.isTrue(b.fence > a.fence)
         yield* TestClock.adjust(1000)
         const c = granted(yield* backend.acquire(request("c:1")))
         assert.isTrue(c.fence > b.fence)
+        // never below the clock in microseconds (the TestClock is at 1000 ms now)
+        assert.strictEqual(c.fence, 1_000_000)
         const d = granted(yield* backend.acquire(request("d:1", { key: "other" })))
-        assert.strictEqual(d.fence, 1)
+        assert.strictEqual(d.fence, 1_000_000)
         assert.strictEqual((yield* backend.inspect(KEY)).fence, c.fence)
+        // idle for a lease, and the clock past the fence: forgotten, and the next one still greater
+        yield* backend.release(rel("c:1", "exclusive"))
+        yield* backend.release(rel("d:1", "exclusive", "other"))
+        yield* TestClock.adjust(1000)
+        assert.strictEqual((yield* backend.inspect(KEY)).fence, 0)
+        yield* backend.inspect("other")
+        assert.deepStrictEqual(sizes(), { keys: 0, subscribedKeys: 0, subscriptions: 0, fences: 0, ended: 0 })
+        assert.isAbove(granted(yield* backend.acquire(request("e:1"))).fence, c.fence)
       }))
 
     it.effect("upgrading a shared hold fails with LockUpgradeNotSupported and changes nothing", () =>
@@ -170,7 +218,7 @@ describe("MemoryBackend", () => {
         // full: the earliest holder to expire (a:1, at 1000) may free enough
         assert.strictEqual(denied(yield* backend.acquire(sem("c:1", 1))).retryAfterMs, 900)
         assert.strictEqual((yield* backend.inspect(KEY)).limit, 3)
-        yield* backend.release({ key: KEY, holder: "b:1", mode: "shared" })
+        yield* backend.release(rel("b:1", "shared"))
         granted(yield* backend.acquire(sem("c:1", 1)))
         denied(yield* backend.acquire(sem("d:1", 1)))
       }))
@@ -184,7 +232,7 @@ describe("MemoryBackend", () => {
         assert.strictEqual(error._tag === "InvalidLockOptions" && error.field, "limit")
         // the holder itself cannot switch limits either
         assert.strictEqual((yield* Effect.flip(backend.acquire(read("a:1"))))._tag, "InvalidLockOptions")
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "shared" })
+        yield* backend.release(rel("a:1", "shared"))
         assert.strictEqual((yield* backend.inspect(KEY)).limit, undefined)
         granted(yield* backend.acquire(request("b:1", { mode: "shared", limit: 4 })))
         assert.strictEqual((yield* backend.inspect(KEY)).limit, 4)
@@ -196,7 +244,7 @@ describe("MemoryBackend", () => {
         granted(yield* backend.acquire(request("w:1")))
         granted(yield* backend.acquire(request("w:1", { mode: "shared", limit: 3 })))
         assert.strictEqual((yield* backend.inspect(KEY)).limit, 3)
-        yield* backend.release({ key: KEY, holder: "w:1", mode: "shared" })
+        yield* backend.release(rel("w:1", "shared"))
         const state = yield* backend.inspect(KEY)
         assert.deepStrictEqual([state.holders.length, state.limit], [1, undefined])
         assert.deepStrictEqual([state.holders[0]?.exclusive, state.holders[0]?.shared, state.holders[0]?.permits], [1, 0, 0])
@@ -216,7 +264,7 @@ describe("MemoryBackend", () => {
         const w = granted(yield* backend.acquire(request("w:1")))
         assert.deepStrictEqual(granted(yield* backend.acquire(read("w:1"))), { _tag: "Granted", fence: w.fence, count: 1 })
         denied(yield* backend.acquire(read("r:1")))
-        assert.strictEqual(yield* backend.release({ key: KEY, holder: "w:1", mode: "exclusive" }), 0)
+        assert.strictEqual(yield* backend.release(rel("w:1", "exclusive")), 0)
         const [holder] = (yield* backend.inspect(KEY)).holders
         assert.deepStrictEqual([holder?.exclusive, holder?.shared, holder?.fence], [0, 1, w.fence])
         granted(yield* backend.acquire(read("r:1")))
@@ -234,20 +282,20 @@ describe("MemoryBackend", () => {
   })
 
   describe("release", () => {
-    it.effect("release by a non-holder or in the wrong mode is NotHeld and changes nothing", () =>
+    it.effect("release by a non-holder is NotHeld; in a mode not held it is a copy: neither changes a hold", () =>
       Effect.gen(function* () {
         const { service: backend } = yield* fresh
         granted(yield* backend.acquire(request("a:1")))
         const before = yield* backend.inspect(KEY)
-        const foreign = yield* Effect.flip(backend.release({ key: KEY, holder: "b:1", mode: "exclusive" }))
+        const foreign = yield* Effect.flip(backend.release(rel("b:1", "exclusive")))
         assert.instanceOf(foreign, LockError.NotHeld)
         assert.deepStrictEqual([foreign.key, foreign.holder], [KEY, "b:1"])
-        const wrongMode = yield* Effect.flip(backend.release({ key: KEY, holder: "a:1", mode: "shared" }))
-        assert.strictEqual(wrongMode._tag, "NotHeld")
+        // a count below the caller's reads as a copy of a release already applied
+        assert.strictEqual(yield* backend.release({ ...rel("a:1", "shared"), count: 1 }), 0)
         assert.deepStrictEqual(yield* backend.inspect(KEY), before)
         // an expired hold is not held either
         yield* TestClock.adjust(1000)
-        assert.strictEqual((yield* Effect.flip(backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })))._tag, "NotHeld")
+        assert.strictEqual((yield* Effect.flip(backend.release(rel("a:1", "exclusive"))))._tag, "NotHeld")
       }))
   })
 
@@ -276,14 +324,14 @@ describe("MemoryBackend", () => {
             { key: KEY, holder: "b:1", leaseMs: 1000 },
             { key: "other", holder: "r:1", leaseMs: 50 }
           ]),
-          [true, false, true]
+          [Either.right(true), Either.right(false), Either.right(true)]
         )
         // renew never shortens: r:1 keeps its original 100 ms left
         assert.strictEqual((yield* backend.inspect("other")).holders[0]?.ttlMs, 100)
         yield* TestClock.adjust(600)
         assert.strictEqual(denied(yield* backend.acquire(request("b:1"))).retryAfterMs, 400)
         yield* TestClock.adjust(400)
-        assert.deepStrictEqual(yield* backend.renew([{ key: KEY, holder: "a:1", leaseMs: 1000 }]), [false])
+        assert.deepStrictEqual(yield* backend.renew([{ key: KEY, holder: "a:1", leaseMs: 1000 }]), [Either.right(false)])
         granted(yield* backend.acquire(request("b:1")))
       }))
   })
@@ -298,12 +346,12 @@ describe("MemoryBackend", () => {
         // c:1 also waits on b:1's queue entry (ttl 100)
         assert.strictEqual(denied(yield* backend.acquire(fair("c:1"))).retryAfterMs, 100)
         assert.deepStrictEqual((yield* backend.inspect(KEY)).queue.map((w) => w.holder), ["b:1", "c:1"])
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        yield* backend.release(rel("a:1", "exclusive"))
         denied(yield* backend.acquire(fair("c:1")))
         granted(yield* backend.acquire(fair("b:1")))
         assert.deepStrictEqual((yield* backend.inspect(KEY)).queue.map((w) => w.holder), ["c:1"])
         // a non-fair request ignores the queue
-        yield* backend.release({ key: KEY, holder: "b:1", mode: "exclusive" })
+        yield* backend.release(rel("b:1", "exclusive"))
         granted(yield* backend.acquire(request("x:1")))
       }))
 
@@ -319,7 +367,7 @@ describe("MemoryBackend", () => {
         yield* TestClock.adjust(40)
         // b:1 stopped retrying: dropped after its waiter ttl, c:1 is next
         assert.deepStrictEqual((yield* backend.inspect(KEY)).queue, [{ holder: "c:1", ttlMs: 60 }])
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        yield* backend.release(rel("a:1", "exclusive"))
         granted(yield* backend.acquire(fair("c:1")))
         assert.deepStrictEqual((yield* backend.inspect(KEY)).queue, [])
       }))
@@ -331,7 +379,7 @@ describe("MemoryBackend", () => {
         denied(yield* backend.acquire(fair("w:1")))
         // r:2 would fit, but the writer is ahead of it
         denied(yield* backend.acquire(read("r:2", { fair: true })))
-        yield* backend.release({ key: KEY, holder: "r:1", mode: "shared" })
+        yield* backend.release(rel("r:1", "shared"))
         granted(yield* backend.acquire(fair("w:1")))
       }))
 
@@ -344,9 +392,9 @@ describe("MemoryBackend", () => {
         const subC = yield* backend.subscribe(KEY, "c:1", "exclusive")
         const waitC = yield* awaitFork(subC)
         const waitD = yield* awaitFork(subD)
-        yield* backend.cancel(KEY, "c:1")
+        yield* backend.cancel({ key: KEY, holder: "c:1", leaseMs: 1000 })
         assert.isFalse(yield* isDone(waitD))
-        yield* backend.cancel(KEY, "b:1")
+        yield* backend.cancel({ key: KEY, holder: "b:1", leaseMs: 1000 })
         assert.deepStrictEqual((yield* backend.inspect(KEY)).queue.map((w) => w.holder), ["d:1"])
         assert.isTrue(yield* isDone(waitD))
         assert.isFalse(yield* isDone(waitC))
@@ -361,11 +409,11 @@ describe("MemoryBackend", () => {
         const r2 = granted(yield* backend.acquire(read("r:2")))
         const sub = yield* backend.subscribe(KEY, "w:1", "exclusive")
         const wait = yield* awaitFork(sub)
-        assert.isTrue(yield* backend.forceRelease(KEY))
+        assert.isTrue(yield* backend.forceRelease({ key: KEY, id: crypto.randomUUID() }))
         assert.isTrue(yield* isDone(wait))
         const state = yield* backend.inspect(KEY)
         assert.deepStrictEqual([state.holders, state.limit, state.fence], [[], undefined, r2.fence])
-        assert.isFalse(yield* backend.forceRelease(KEY))
+        assert.isFalse(yield* backend.forceRelease({ key: KEY, id: crypto.randomUUID() }))
         assert.isTrue(granted(yield* backend.acquire(request("w:1"))).fence > r2.fence)
       }).pipe(Effect.scoped))
   })
@@ -379,12 +427,12 @@ describe("MemoryBackend", () => {
         const subs = yield* Effect.forEach(["b:1", "c:1", "d:1"], (h, i) =>
           backend.subscribe(KEY, h, "exclusive").pipe(Scope.extend(scopes[i]!)))
         const waits = yield* Effect.forEach(subs, awaitFork)
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        yield* backend.release(rel("a:1", "exclusive"))
         assert.deepStrictEqual(yield* Effect.forEach(waits, isDone), [true, false, false])
         granted(yield* backend.acquire(request("b:1")))
         // the granted waiter stops waiting: its subscription closes successfully
         yield* Scope.close(scopes[0]!, Exit.void)
-        yield* backend.release({ key: KEY, holder: "b:1", mode: "exclusive" })
+        yield* backend.release(rel("b:1", "exclusive"))
         assert.deepStrictEqual(yield* Effect.forEach(waits, isDone), [true, true, false])
         yield* Effect.forEach(scopes, (scope) => Scope.close(scope, Exit.void))
       }).pipe(Effect.scoped))
@@ -395,9 +443,9 @@ describe("MemoryBackend", () => {
         granted(yield* backend.acquire(request("a:1")))
         granted(yield* backend.acquire(request("a:1")))
         const wait = yield* awaitFork(yield* backend.subscribe(KEY, "b:1", "exclusive"))
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        yield* backend.release(rel("a:1", "exclusive"))
         assert.isFalse(yield* isDone(wait))
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        yield* backend.release(rel("a:1", "exclusive"))
         assert.isTrue(yield* isDone(wait))
       }).pipe(Effect.scoped))
 
@@ -406,7 +454,7 @@ describe("MemoryBackend", () => {
         const { service: backend } = yield* fresh
         granted(yield* backend.acquire(request("a:1")))
         const sub = yield* backend.subscribe(KEY, "b:1", "exclusive")
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        yield* backend.release(rel("a:1", "exclusive"))
         assert.isTrue(yield* isDone(yield* awaitFork(sub)))
         assert.isFalse(yield* isDone(yield* awaitFork(sub)))
       }).pipe(Effect.scoped))
@@ -418,7 +466,7 @@ describe("MemoryBackend", () => {
         const sub = yield* backend.subscribe(KEY, "b:1", "exclusive")
         const wait = yield* awaitFork(sub)
         yield* settle
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        yield* backend.release(rel("a:1", "exclusive"))
         assert.isTrue(yield* isDone(wait))
         assert.isFalse(yield* isDone(yield* awaitFork(sub)))
       }).pipe(Effect.scoped))
@@ -431,8 +479,8 @@ describe("MemoryBackend", () => {
         granted(yield* backend.acquire(sem("b:1")))
         const subC = yield* backend.subscribe(KEY, "c:1", "exclusive")
         const subD = yield* backend.subscribe(KEY, "d:1", "exclusive")
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "shared" })
-        yield* backend.release({ key: KEY, holder: "b:1", mode: "shared" })
+        yield* backend.release(rel("a:1", "shared"))
+        yield* backend.release(rel("b:1", "shared"))
         assert.isTrue(yield* isDone(yield* awaitFork(subC)))
         assert.isTrue(yield* isDone(yield* awaitFork(subD)))
       }).pipe(Effect.scoped))
@@ -445,7 +493,7 @@ describe("MemoryBackend", () => {
         denied(yield* backend.acquire(fair("c:1")))
         const waitC = yield* awaitFork(yield* backend.subscribe(KEY, "c:1", "exclusive"))
         const waitB = yield* awaitFork(yield* backend.subscribe(KEY, "b:1", "exclusive"))
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        yield* backend.release(rel("a:1", "exclusive"))
         assert.isTrue(yield* isDone(waitB))
         assert.isFalse(yield* isDone(waitC))
       }).pipe(Effect.scoped))
@@ -459,7 +507,7 @@ describe("MemoryBackend", () => {
         yield* settle
         const exit = yield* Fiber.interrupt(first)
         assert.isTrue(Exit.isInterrupted(exit))
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        yield* backend.release(rel("a:1", "exclusive"))
         assert.isTrue(yield* isDone(yield* awaitFork(sub)))
       }).pipe(Effect.scoped))
 
@@ -484,7 +532,7 @@ describe("MemoryBackend", () => {
         yield* settle
         const subC = yield* backend.subscribe(KEY, "c:1", "exclusive")
         const waitC = yield* awaitFork(subC)
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+        yield* backend.release(rel("a:1", "exclusive"))
         assert.isFalse(yield* isDone(waitC))
         yield* Fiber.interrupt(b)
         assert.isTrue(yield* isDone(waitC))
@@ -493,13 +541,16 @@ describe("MemoryBackend", () => {
     it.effect("a subscription closed with a failure hands on; one closed successfully does not", () =>
       Effect.gen(function* () {
         const { service: backend } = yield* fresh
+        let round = 0
         const handsOn = (exit: Exit.Exit<unknown, unknown>) =>
           Effect.gen(function* () {
-            granted(yield* backend.acquire(request("a:1")))
+            // a fresh holder each round: an ended one is remembered and refused
+            const holder = `a:${++round}`
+            granted(yield* backend.acquire(request(holder)))
             const scope = yield* Scope.make()
             yield* backend.subscribe(KEY, "b:1", "exclusive").pipe(Scope.extend(scope))
             const waitC = yield* awaitFork(yield* backend.subscribe(KEY, "c:1", "exclusive"))
-            yield* backend.release({ key: KEY, holder: "a:1", mode: "exclusive" })
+            yield* backend.release(rel(holder, "exclusive"))
             yield* Scope.close(scope, exit)
             const done = yield* isDone(waitC)
             yield* Fiber.interrupt(waitC)
@@ -515,18 +566,18 @@ describe("MemoryBackend", () => {
         granted(yield* backend.acquire(request("w:1")))
         const readers = yield* Effect.forEach(["r:1", "r:2", "r:3"], (h) => Effect.fork(waitFor(backend, read(h))))
         yield* settle
-        yield* backend.release({ key: KEY, holder: "w:1", mode: "exclusive" })
+        yield* backend.release(rel("w:1", "exclusive"))
         assert.deepStrictEqual(yield* Effect.forEach(readers, isDone), [true, true, true])
         assert.strictEqual((yield* backend.inspect(KEY)).holders.length, 3)
       }))
 
     const touches: ReadonlyArray<readonly [string, (backend: Service) => Effect.Effect<unknown, unknown>]> = [
       ["inspect", (backend) => backend.inspect(KEY)],
-      ["release", (backend) => Effect.either(backend.release({ key: KEY, holder: "a:1", mode: "exclusive" }))],
+      ["release", (backend) => Effect.either(backend.release(rel("a:1", "exclusive")))],
       ["renew", (backend) => backend.renew([{ key: KEY, holder: "a:1", leaseMs: 1000 }])],
       ["acquire", (backend) => backend.acquire(request("x:1", { key: KEY }))],
-      ["forceRelease", (backend) => backend.forceRelease(KEY)],
-      ["cancel", (backend) => backend.cancel(KEY, "x:1")]
+      ["forceRelease", (backend) => backend.forceRelease({ key: KEY, id: crypto.randomUUID() })],
+      ["cancel", (backend) => backend.cancel({ key: KEY, holder: "x:1", leaseMs: 1000 })]
     ]
     for (const [name, touch] of touches) {
       it.effect(`an expiry noticed by ${name} wakes a waiter`, () =>
@@ -552,17 +603,21 @@ describe("MemoryBackend", () => {
           Effect.fork(
             waitFor(backend, fair(h, { waiterTtlMs: 10_000 })).pipe(
               Effect.tap(() => Effect.sync(() => order.push(h))),
-              Effect.zipRight(backend.release({ key: KEY, holder: h, mode: "exclusive" }))
+              Effect.zipRight(backend.release(rel(h, "exclusive")))
             )
           ))
         yield* settle
         assert.deepStrictEqual((yield* backend.inspect(KEY)).queue.map((w) => w.holder), holders)
-        yield* backend.release({ key: KEY, holder: "w:0", mode: "exclusive" })
+        yield* backend.release(rel("w:0", "exclusive"))
         yield* Effect.forEach(workers, Fiber.join)
         assert.deepStrictEqual(order, holders)
         const state = yield* backend.inspect(KEY)
         assert.deepStrictEqual([state.holders, state.queue, state.limit, state.fence], [[], [], undefined, 5])
-        assert.deepStrictEqual(sizes(), { keys: 0, subscribedKeys: 0, subscriptions: 0, fences: 1 })
+        // ended holders and the fence are remembered for a lease, then the key is gone
+        assert.deepStrictEqual(sizes(), { keys: 1, subscribedKeys: 0, subscriptions: 0, fences: 1, ended: 5 })
+        yield* TestClock.adjust(1000)
+        yield* backend.inspect(KEY)
+        assert.deepStrictEqual(sizes(), { keys: 0, subscribedKeys: 0, subscriptions: 0, fences: 0, ended: 0 })
       }))
 
     it.effect("no state is left after holders, waiters and subscriptions are gone", () =>
@@ -573,15 +628,18 @@ describe("MemoryBackend", () => {
           denied(yield* backend.acquire(request("w:1", { fair: true })))
           const sub = yield* backend.subscribe(KEY, "w:1", "exclusive")
           yield* awaitFork(sub)
-          assert.deepStrictEqual(sizes(), { keys: 1, subscribedKeys: 1, subscriptions: 1, fences: 1 })
+          assert.deepStrictEqual(sizes(), { keys: 1, subscribedKeys: 1, subscriptions: 1, fences: 1, ended: 0 })
         }).pipe(Effect.scoped)
-        yield* backend.release({ key: KEY, holder: "a:1", mode: "shared" })
+        yield* backend.release(rel("a:1", "shared"))
         // the queue entry of w:1 outlives the hold until its waiter ttl
-        assert.deepStrictEqual(sizes(), { keys: 1, subscribedKeys: 0, subscriptions: 0, fences: 1 })
+        assert.deepStrictEqual(sizes(), { keys: 1, subscribedKeys: 0, subscriptions: 0, fences: 1, ended: 1 })
         yield* TestClock.adjust(100)
         const state = yield* backend.inspect(KEY)
         assert.deepStrictEqual([state.holders, state.queue, state.limit], [[], [], undefined])
-        assert.deepStrictEqual(sizes(), { keys: 0, subscribedKeys: 0, subscriptions: 0, fences: 1 })
+        // the ended holder and the fence a lease longer
+        yield* TestClock.adjust(900)
+        yield* backend.inspect(KEY)
+        assert.deepStrictEqual(sizes(), { keys: 0, subscribedKeys: 0, subscriptions: 0, fences: 0, ended: 0 })
       }))
   })
 })
