@@ -448,6 +448,13 @@ export const register = (harness: Harness, test: TestFn): void => {
       for (const [program, expected] of cases) {
         assert.strictEqual(yield* field(Effect.scoped(program)).pipe(Effect.provide(backend.layer)), expected)
       }
+      // a negative duration is reported as given, not as the zero it decodes to
+      for (const negative of ["-5 seconds", [-1, 0], -5n]) {
+        const lease = negative as Duration.DurationInput
+        const error = yield* Effect.flip(Lock.make(key, { lease })).pipe(Effect.provide(backend.layer))
+        assert.strictEqual(error._tag, "InvalidLockOptions")
+        assert.match(error.message, /must be positive, got \[?-/)
+      }
       assert.strictEqual(backend.total(), 0, "bad input reached the backend")
     }))
 
