@@ -1,0 +1,294 @@
+/**
+ * A multi-process adversarial run on a real redis-server. Four client processes
+ * (`fixtures/nemesisClient.ts`), each behind its own TCP forwarder, contend for one watchdog lock
+ * (`Lock.withLock`, watchdog 1.5 s) and in every critical section write their fence token two or
+ * three times to a fenced resource in this process, which accepts a write iff its token is at
+ * least the highest accepted so far. Meanwhile a nemesis injects one fault at a time with short
+ * random gaps, from a seeded generator (`NEMESIS_SEED=<seed>` replays a schedule; the seed is in
+ * the summary): SIGSTOP of a client past its lease, SIGKILL of a client (and a replacement),
+ * SIGSTOP of the server, a reset of one client's connections, a kill and restart of the server,
+ * and FLUSHALL. See fixtures/nemesis.ts for the run and fixtures/nemesisHistory.ts for the checks.
+ *
+ * Phase A runs a server that keeps its data across restarts (AOF, fsync always); phase B one that
+ * keeps nothing on disk, so that a restart (like FLUSHALL) loses every lock and fence counter.
+ *
+ * Checks, per phase, on the recorded history (one `nemesis:` JSON summary line per phase):
+ * 1. fences: in grant order the fences never go back, and no two leases share one;
+ * 2. stale writes: no accepted write carries a token below one accepted before it, and the resource
+ *    did reject some (stale writers after a pause), so the check is known to bite;
+ * 3. overlapping valid leases (validity: grant to the earliest of release, loss, local deadline and
+ *    kill): none in phase A; in phase B none except within one watchdog period of a data loss;
+ * 4. liveness: every client completed critical sections, every process exited within a few
+ *    seconds of being told to stop, and no process wrote anything to stderr (no unhandled
+ *    rejection, exception or defect);
+ * and every kind of fault was injected.
+ */
+import { afterAll, assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import type { WriteAttempt } from "./fixtures/fencedResource.js"
+import type { FaultKind, PhaseConfig, PhaseResult } from "./fixtures/nemesis.js"
+import { runPhase } from "./fixtures/nemesis.js"
+import type { LeaseRecord } from "./fixtures/nemesisHistory.js"
+import { checkFences, overlaps, staleAccepted, writesAfterValidity } from "./fixtures/nemesisHistory.js"
+import { runnable, warnIfNotRun } from "./fixtures/realRedis.js"
+
+warnIfNotRun("Redis nemesis suite (nemesis.test.ts)")
+
+const WATCHDOG_MS = 1_500
+const COMMAND_TIMEOUT_MS = 400
+const CLIENTS = 4
+const NEMESIS_MS = 20_000
+/** After the nemesis: every client must complete this many critical sections in this much time. */
+const QUIET_MS = 3_000
+const LIVENESS_SECTIONS = 3
+/** How long a process may take to exit once told to stop. */
+const STOP_WITHIN_MS = 5_000
+
+// Anything that escapes the Effect world in this process (an error event nobody listens to on a
+// socket of the resource or a forwarder) is a harness bug and fails the phase it happened in.
+const escaped: Array<string> = []
+const onRejection = (reason: unknown) => {
+  escaped.push(`unhandledRejection: ${String(reason)}`)
+}
+const onException = (error: unknown) => {
+  escaped.push(`uncaughtException: ${String(error)}`)
+}
+process.on("unhandledRejection", onRejection)
+process.on("uncaughtException", onException)
+afterAll(() => {
+  process.off("unhandledRejection", onRejection)
+  process.off("uncaughtException", onException)
+})
+
+/** `NEMESIS_VERBOSE=1` prints the fault timeline and the clients' log lines. */
+const verbose = process.env["NEMESIS_VERBOSE"] === "1"
+const seedFromEnv = process.env["NEMESIS_SEED"]
+const SEED = seedFromEnv !== undefined && seedFromEnv !== "" ? Number(seedFromEnv) : Math.floor(Math.random() * 2 ** 31)
+
+const phase = (name: string, persistent: boolean, seedOffset: number): PhaseConfig => ({
+  name,
+  persistent,
+  seed: SEED + seedOffset,
+  clients: CLIENTS,
+  nemesisMs: NEMESIS_MS,
+  quietMs: QUIET_MS,
+  watchdogMs: WATCHDOG_MS,
+  commandTimeoutMs: COMMAND_TIMEOUT_MS,
+  key: "nemesis"
+})
+
+const countBy = <A>(items: ReadonlyArray<A>, key: (a: A) => string): Record<string, number> => {
+  const counts: Record<string, number> = {}
+  for (const item of items) counts[key(item)] = (counts[key(item)] ?? 0) + 1
+  return counts
+}
+
+const round = (n: number) => Math.round(n)
+
+const describeLease = (lease: LeaseRecord, origin: number) =>
+  `${lease.client} ${lease.holder.slice(-6)} fence ${lease.fence} [${round(lease.grant - origin)}, ${round(lease.end - origin)}) ${lease.how}`
+
+/** The summary of one phase, and every check it fails (empty: all passed). */
+const judge = (result: PhaseResult, escapedHere: ReadonlyArray<string>) => {
+  const { config } = result
+  const origin = result.startedAt
+  const failures: Array<string> = []
+  const fail = (check: string, detail: string) => failures.push(`[${check}] ${detail}`)
+
+  // 1. fences
+  const fences = checkFences(result.leases)
+  if (fences.regressions.length > 0) {
+    const first = fences.regressions[0]!
+    fail(
+      "fences",
+      `${fences.regressions.length} of ${result.leases.length} leases got a fence below an earlier grant's ` +
+        `(first: ${describeLease(first.lease, origin)} after fence ${first.previousMax})`
+    )
+  }
+  if (fences.shared.length > 0) {
+    const first = fences.shared[0]!
+    fail("fences", `${fences.shared.length} fences shared by distinct leases (first: ${first.fence} by ${first.holders.join(", ")})`)
+  }
+
+  // 2. stale writes
+  const stale = staleAccepted(result.attempts)
+  const rejected = result.attempts.filter((a) => !a.accepted)
+  const accepted = result.attempts.length - rejected.length
+  const late = writesAfterValidity(result.attempts, result.leases)
+  if (stale.length > 0) fail("stale writes", `${stale.length} accepted writes with a token below an earlier accepted one`)
+  if (rejected.length === 0) fail("stale writes", "the resource rejected no write: no stale writer was caught")
+  if (result.malformed.length > 0) fail("harness", `${result.malformed.length} malformed writes: ${result.malformed[0]}`)
+
+  // 3. overlapping valid leases
+  const found = overlaps(result.leases, result.losses, config.watchdogMs)
+  const explained = found.filter((o) => o.explainedBy !== undefined)
+  const unexplained = config.persistent ? found : found.filter((o) => o.explainedBy === undefined)
+  if (unexplained.length > 0) {
+    const first = unexplained[0]!
+    fail(
+      "overlaps",
+      `${unexplained.length} overlapping valid leases${config.persistent ? "" : " not within a watchdog period of a data loss"} ` +
+        `(first: ${describeLease(first.first, origin)} and ${describeLease(first.second, origin)}, ` +
+        `${(first.to - first.from).toFixed(1)} ms)`
+    )
+  }
+
+  // 4. liveness
+  const perClient: Record<string, [number, number]> = {}
+  for (const child of result.children) {
+    perClient[child.label] = [child.released, round(child.activeMs)]
+    if (child.releasedWhenQuiet !== undefined && child.releasedWhenQuiet < LIVENESS_SECTIONS) {
+      fail(
+        "liveness",
+        `${child.label} completed only ${child.releasedWhenQuiet} critical sections in the ${config.quietMs} ms without faults`
+      )
+    }
+  }
+  const quiet = result.children.flatMap((c) => c.releasedWhenQuiet === undefined ? [] : [c.releasedWhenQuiet])
+  for (let slot = 0; slot < config.clients; slot++) {
+    const released = result.children.filter((c) => c.slot === slot).reduce((n, c) => n + c.released, 0)
+    if (released < LIVENESS_SECTIONS) fail("liveness", `client slot ${slot} completed only ${released} critical sections`)
+  }
+  const stopTimes: Array<number> = []
+  for (const child of result.children) {
+    if (child.stopRequestedAt === undefined) continue
+    if (child.exitedAt === undefined) {
+      fail("liveness", `${child.label} did not exit within 8 s of the stop signal`)
+      continue
+    }
+    const took = child.exitedAt - child.stopRequestedAt
+    stopTimes.push(took)
+    if (took > STOP_WITHIN_MS) fail("liveness", `${child.label} took ${round(took)} ms to exit after the stop signal`)
+    if (child.exitCode !== 0) fail("liveness", `${child.label} exited with ${child.exitCode ?? child.exitSignal}`)
+    if (child.rounds === undefined) fail("liveness", `${child.label} stopped without reporting`)
+  }
+  for (const child of result.children) {
+    if (child.stderr.trim() !== "") fail("stderr", `${child.label}: ${child.stderr.trim().slice(0, 600)}`)
+  }
+  if (result.unterminated > 0) fail("harness", `${result.unterminated} leases without an end`)
+  if (escapedHere.length > 0) fail("harness", `${escapedHere.length} errors escaped in the test process: ${escapedHere[0]}`)
+
+  // the nemesis did its work
+  const kinds: ReadonlyArray<FaultKind> = config.persistent
+    ? ["stopClient", "killClient", "pauseServer", "resetProxy", "restartServer"]
+    : ["stopClient", "killClient", "pauseServer", "resetProxy", "restartServer", "flushAll"]
+  const faultCounts = countBy(result.faults, (f) => f.kind)
+  for (const kind of kinds) {
+    if ((faultCounts[kind] ?? 0) === 0) fail("nemesis", `no ${kind} fault was injected`)
+  }
+  if (config.persistent && (result.markers.lost > 0 || result.markers.kept === 0)) {
+    fail("nemesis", `persistent server: data kept across ${result.markers.kept} restarts, lost across ${result.markers.lost}`)
+  }
+  if (!config.persistent && result.markers.lost === 0) fail("nemesis", "no restart lost the server's data")
+
+  const ordered = [...result.leases].sort((a, b) => a.grant - b.grant)
+  const summary = {
+    phase: config.name,
+    persistent: config.persistent,
+    seed: config.seed,
+    clients: config.clients,
+    watchdogMs: config.watchdogMs,
+    nemesisMs: round(result.nemesisMs),
+    totalMs: round(result.totalMs),
+    readyAfterMs: round(result.readyAfterMs),
+    faults: faultCounts,
+    aimedFaults: result.faults.filter((f) => f.note.startsWith("at a grant") || f.note.startsWith("in a section")).length,
+    processes: result.children.length,
+    restarts: result.markers,
+    dataLosses: result.losses.length,
+    leases: result.leases.length,
+    outcomes: countBy(result.leases, (l) => l.how),
+    acquireErrors: result.children.reduce<Record<string, number>>((all, c) => {
+      for (const [tag, n] of Object.entries(c.errors)) all[tag] = (all[tag] ?? 0) + n
+      return all
+    }, {}),
+    sectionsAndActiveMsPerClient: perClient,
+    fewestSectionsWhenQuiet: quiet.length === 0 ? null : Math.min(...quiet),
+    fences: {
+      first: ordered[0]?.fence,
+      last: ordered[ordered.length - 1]?.fence,
+      regressions: fences.regressions.length,
+      shared: fences.shared.length
+    },
+    writes: {
+      attempts: result.attempts.length,
+      accepted,
+      rejected: rejected.length,
+      staleAccepted: stale.length,
+      receivedAfterValidity: late.length,
+      rejectedAfterValidity: late.filter((a) => !a.accepted).length
+    },
+    overlaps: { total: found.length, explainedByDataLoss: explained.length, unexplained: unexplained.length },
+    stopToExitMaxMs: stopTimes.length === 0 ? null : round(Math.max(...stopTimes)),
+    logLines: result.children.reduce((n, c) => n + c.logLines, 0),
+    failed: Array.from(new Set(failures.map((f) => f.slice(1, f.indexOf("]")))))
+  }
+  return { summary, failures }
+}
+
+const runAndJudge = (config: PhaseConfig) =>
+  Effect.gen(function*() {
+    const escapedBefore = escaped.length
+    const result = yield* runPhase(config)
+    const { failures, summary } = judge(result, escaped.slice(escapedBefore))
+    console.log(`nemesis: ${JSON.stringify(summary)}`)
+    if (failures.length > 0 || verbose) {
+      const origin = result.startedAt
+      console.log(
+        `nemesis phase ${config.name} faults: ${
+          result.faults.map((f) => `${round(f.start - origin)}ms ${f.kind} ${f.target ?? ""} (${f.note})`).join("; ")
+        }`
+      )
+    }
+    if (verbose) {
+      for (const child of result.children) {
+        if (child.logTail !== "") console.log(`nemesis phase ${config.name} ${child.label} log:${child.logTail}`)
+      }
+    }
+    assert.deepStrictEqual(failures, [], `phase ${config.name} (NEMESIS_SEED=${SEED} replays the fault schedule)`)
+  })
+
+describe("nemesis checks", () => {
+  const lease = (holder: string, fence: number, grant: number, end: number): LeaseRecord => ({
+    client: holder,
+    holder,
+    fence,
+    grant,
+    end,
+    how: "released"
+  })
+  const write = (at: number, token: number, accepted: boolean): WriteAttempt => ({
+    at,
+    client: "c",
+    holder: "h",
+    token,
+    seq: 1,
+    accepted
+  })
+
+  it("find fence regressions, shared fences, stale accepted writes and overlaps", () => {
+    const leases = [lease("a", 1, 0, 10), lease("b", 2, 10, 20), lease("c", 1, 30, 40), lease("d", 5, 35, 50)]
+    const fences = checkFences(leases)
+    assert.deepStrictEqual(fences.regressions.map((r) => r.lease.holder), ["c"])
+    assert.deepStrictEqual(fences.shared.map((s) => s.fence), [1])
+    assert.deepStrictEqual(checkFences([lease("a", 1, 0, 1), lease("b", 2, 2, 3)]), { regressions: [], shared: [] })
+
+    assert.deepStrictEqual(staleAccepted([write(1, 3, true), write(2, 2, false), write(3, 3, true)]), [])
+    assert.strictEqual(staleAccepted([write(1, 3, true), write(2, 2, true)]).length, 1)
+
+    // [0,10) and [10,20) touch but do not overlap; c and d overlap on [35, 40)
+    const found = overlaps(leases, [], 1_000)
+    assert.deepStrictEqual(found.map((o) => [o.first.holder, o.second.holder, o.from, o.to]), [["c", "d", 35, 40]])
+    assert.isUndefined(found[0]!.explainedBy)
+    const loss = { kind: "flushAll", start: 20, end: 21 }
+    assert.deepStrictEqual(overlaps(leases, [loss], 20).map((o) => o.explainedBy), [loss])
+    assert.deepStrictEqual(overlaps(leases, [loss], 5).map((o) => o.explainedBy), [undefined])
+  })
+})
+
+describe.runIf(runnable)("nemesis: four client processes, one lock, faults on a real redis-server", () => {
+  it.scopedLive("phase A: a server that keeps its data across restarts", () => runAndJudge(phase("A", true, 0)), 60_000)
+
+  it.scopedLive("phase B: a server that keeps nothing (restart and FLUSHALL lose the lock)", () =>
+    runAndJudge(phase("B", false, 1)), 60_000)
+})
