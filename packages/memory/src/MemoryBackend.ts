@@ -29,7 +29,8 @@ import * as internal from "./internal/memoryBackend.js"
  *     limit: 1,
  *     leaseMs: 30_000,
  *     fair: false,
- *     waiterTtlMs: 5_000
+ *     waiterTtlMs: 5_000,
+ *     count: 1
  *   })
  *   console.log(result._tag) // "Granted"
  * })

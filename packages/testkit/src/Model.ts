@@ -307,7 +307,7 @@ const aheadOf = (key: Key, holder: string): ReadonlyArray<Waiter> => {
  *
  * const request = {
  *   key: "k", holder: "c:1", mode: "exclusive", permits: 1, limit: 1,
- *   leaseMs: 100, fair: false, waiterTtlMs: 50
+ *   leaseMs: 100, fair: false, waiterTtlMs: 50, count: 1
  * } as const
  * const { state, result } = Model.acquire(Model.empty, request, 0)
  * // result: Either.right({ _tag: "Granted", fence: 1, count: 1 })

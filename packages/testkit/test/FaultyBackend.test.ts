@@ -112,12 +112,30 @@ describe("FaultyBackend", () => {
   it.effect("duplicating with copyAfter delivers a late copy in the background", () =>
     Effect.gen(function*() {
       const real = yield* MemoryBackend.make
-      const backend = FaultyBackend.duplicating({ operation: "acquire", when: 1, copyAfter: "100 millis" })(real)
-      yield* backend.acquire(exclusive("a"))
+      // what the real backend answered to each delivery of an acquisition
+      const answers: Array<string> = []
+      const recording: Service = {
+        ...real,
+        acquire: (r) =>
+          real.acquire(r).pipe(
+            Effect.tapBoth({
+              onFailure: (e) => Effect.sync(() => answers.push(e._tag)),
+              onSuccess: (a) => Effect.sync(() => answers.push(a._tag))
+            })
+          )
+      }
+      const backend = FaultyBackend.duplicating({ operation: "acquire", when: 1, copyAfter: "100 millis" })(recording)
+      // the caller gets the original's reply at once
+      assert.strictEqual((yield* backend.acquire(exclusive("a")))._tag, "Granted")
       yield* backend.release(release("a"))
-      yield* TestClock.adjust("100 millis")
+      assert.deepStrictEqual(answers, ["Granted"])
+      yield* TestClock.adjust("99 millis")
       yield* Effect.yieldNow()
-      // the late copy of a's acquisition came after a ended: it granted nothing
+      assert.deepStrictEqual(answers, ["Granted"])
+      yield* TestClock.adjust("1 millis")
+      yield* Effect.yieldNow()
+      // the late copy of a's acquisition came after a ended: refused, it granted nothing
+      assert.deepStrictEqual(answers, ["Granted", "NotHeld"])
       assert.deepStrictEqual((yield* real.inspect("k")).holders, [])
     }))
 

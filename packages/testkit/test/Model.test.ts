@@ -1,6 +1,16 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Either } from "effect"
-import type { AcquireRequest, AcquireResult, HoldMode, KeyState, ReleaseRequest } from "@lockstep/core/LockBackend"
+import type {
+  AcquireRequest,
+  AcquireResult,
+  CancelRequest,
+  ForceReleaseRequest,
+  HoldMode,
+  KeyState,
+  ReleaseRequest,
+  RenewRequest
+} from "@lockstep/core/LockBackend"
+import { forceReleaseMemoryMs } from "@lockstep/core/LockBackend"
 import * as Model from "@lockstep/testkit/Model"
 
 const K = "k"
@@ -375,6 +385,251 @@ describe("Model", () => {
       const { results } = acquireAll([[request("c"), 31]], state)
       assert.deepStrictEqual(results, [granted(31_000, 1)])
     })
+
+    describe("the same cases as the memory backend", () => {
+      /** A release from `count`, as the lock API sends it. */
+      const from = (holder: string, count: number, overrides: Partial<ReleaseRequest> = {}): ReleaseRequest => ({
+        key: K,
+        holder,
+        mode: "exclusive",
+        count,
+        leaseMs: 100,
+        ...overrides
+      })
+      /** Runs `f` over the state, keeping the next one: the result of each step. */
+      const run = (state: Model.State) => {
+        let current = state
+        const step = <A>(next: Model.Step<A>): A => {
+          current = next.state
+          return next.result
+        }
+        return {
+          get state() {
+            return current
+          },
+          acquire: (req: AcquireRequest, now: number) => step(Model.acquire(current, withCount(current, req, now), now)),
+          release: (req: ReleaseRequest, now: number) => step(Model.release(current, req, now)),
+          forceRelease: (req: ForceReleaseRequest, now: number) => step(Model.forceRelease(current, req, now)),
+          cancel: (req: CancelRequest, now: number) => step(Model.cancel(current, req, now)),
+          renew: (reqs: ReadonlyArray<RenewRequest>, now: number) => step(Model.renew(current, reqs, now))
+        }
+      }
+      /** What the key still remembers at `now`, besides its live holders and queue. */
+      const memory = (state: Model.State, now: number, key = K) => {
+        const live = Model.liveKey(state, key, now)
+        return { fence: view(state, now, key).fence, ended: [...live.ended.keys()] }
+      }
+      const forgotten = { fence: 0, ended: [] }
+
+      it("a release delivered twice changes the count once", () => {
+        const m = run(Model.empty)
+        assert.deepStrictEqual(m.acquire(request("a", { count: 1 }), 0), granted(1, 1))
+        assert.deepStrictEqual(m.acquire(request("a", { count: 2 }), 0), granted(1, 2))
+        assert.deepStrictEqual(m.release(from("a", 2), 1), Either.right(1))
+        // the copy finds the count at 1 already: it answers 1 and leaves 1
+        assert.deepStrictEqual(m.release(from("a", 2), 2), Either.right(1))
+        assert.deepStrictEqual(view(m.state, 2).holders.map((h) => [h.holder, h.exclusive]), [["a", 1]])
+        assert.deepStrictEqual(m.acquire(request("b"), 2), denied(98))
+        // the same for a shared hold: the permits stay taken until the last release
+        const sem = (holder: string, count: number) => shared(holder, 1, 2, { key: "sem", count })
+        m.acquire(sem("r", 1), 3)
+        m.acquire(sem("r", 2), 3)
+        const sharedRelease = from("r", 2, { key: "sem", mode: "shared" })
+        assert.deepStrictEqual([m.release(sharedRelease, 4), m.release(sharedRelease, 5)], [Either.right(1), Either.right(1)])
+        assert.deepStrictEqual(view(m.state, 5, "sem").holders.map((h) => [h.holder, h.shared, h.permits]), [["r", 1, 1]])
+        // the last release still ends the hold
+        assert.deepStrictEqual(m.release(from("a", 1), 6), Either.right(0))
+        assert.deepStrictEqual(m.acquire(request("b"), 6), granted(6_000, 1))
+      })
+
+      it("an acquisition delivered twice takes one hold: the copy answers Granted with the same fence", () => {
+        const m = run(Model.empty)
+        const first = m.acquire(request("a", { count: 1 }), 0)
+        assert.deepStrictEqual(first, granted(1, 1))
+        // the clock moved: a new grant would take a new fence, the copy keeps the first
+        assert.deepStrictEqual(m.acquire(request("a", { count: 1 }), 10), first)
+        assert.deepStrictEqual(view(m.state, 10).holders.map((h) => [h.holder, h.exclusive, h.fence]), [["a", 1, 1]])
+        // a re-entry delivered twice counts once
+        assert.deepStrictEqual(m.acquire(request("a", { count: 2 }), 10), granted(1, 2))
+        assert.deepStrictEqual(m.acquire(request("a", { count: 2 }), 10), granted(1, 2))
+        assert.strictEqual(view(m.state, 10).holders[0]?.exclusive, 2)
+        // two releases end it
+        assert.deepStrictEqual(m.release(from("a", 2), 11), Either.right(1))
+        assert.deepStrictEqual(m.acquire(request("b"), 11), denied(99))
+        assert.deepStrictEqual(m.release(from("a", 1), 12), Either.right(0))
+        assert.deepStrictEqual(m.acquire(request("b"), 12), granted(12_000, 1))
+        // a shared acquisition delivered twice takes its permits once
+        const sem = (holder: string) => shared(holder, 1, 2, { key: "sem", count: 1 })
+        const r = m.acquire(sem("r1"), 13)
+        assert.deepStrictEqual(m.acquire(sem("r1"), 13), r)
+        assert.strictEqual(tagOf(m.acquire(sem("r2"), 13)), "Right")
+        assert.deepStrictEqual(m.acquire(sem("r3"), 13), denied(100))
+        assert.deepStrictEqual(view(m.state, 13, "sem").holders.map((h) => h.holder), ["r1", "r2"])
+      })
+
+      it("a late copy of an acquisition from a holder that ended is NotHeld for leaseMs, then forgotten", () => {
+        const m = run(Model.empty)
+        m.acquire(request("a", { count: 1 }), 0)
+        // remembered for the release's leaseMs (50), the fence for the grant's lease (100)
+        assert.deepStrictEqual(m.release(from("a", 1, { leaseMs: 50 }), 0), Either.right(0))
+        const late = m.acquire(request("a", { count: 1 }), 49)
+        assert.strictEqual(tagOf(late), "NotHeld")
+        assert.deepStrictEqual(
+          Either.match(late, { onLeft: (e) => (e._tag === "NotHeld" ? [e._tag, e.key, e.holder] : [e._tag]), onRight: () => [] }),
+          ["NotHeld", K, "a"]
+        )
+        // it granted nothing, and queued nothing
+        assert.strictEqual(tagOf(m.acquire(request("a", { count: 1, fair: true }), 49)), "NotHeld")
+        assert.deepStrictEqual([view(m.state, 49).holders, view(m.state, 49).queue], [[], []])
+        assert.deepStrictEqual(memory(m.state, 49), { fence: 1, ended: ["a"] })
+        assert.deepStrictEqual(memory(m.state, 50), { fence: 1, ended: [] })
+        assert.deepStrictEqual(memory(m.state, 100), forgotten)
+        // forgotten: a copy this late is taken for a new holder
+        assert.deepStrictEqual(m.acquire(request("a", { count: 1 }), 100), granted(100_000, 1))
+      })
+
+      it("a re-entry by a holder that holds nothing is NotHeld and grants nothing", () => {
+        const m = run(Model.empty)
+        assert.strictEqual(tagOf(m.acquire(request("a", { count: 2 }), 0)), "NotHeld")
+        assert.strictEqual(tagOf(m.acquire(shared("r", 1, Infinity, { count: 2 }), 0)), "NotHeld")
+        assert.deepStrictEqual(memory(m.state, 0), forgotten)
+        assert.deepStrictEqual(view(m.state, 0).holders, [])
+        // a hold that expired is gone too: re-entering it is NotHeld, not a fresh grant
+        m.acquire(request("b", { count: 1 }), 0)
+        assert.strictEqual(tagOf(m.acquire(request("b", { count: 2 }), 100)), "NotHeld")
+        assert.deepStrictEqual(view(m.state, 100).holders, [])
+        assert.deepStrictEqual(m.acquire(request("c"), 100), granted(100_000, 1))
+      })
+
+      it("a copy of a last release answers 0 within leaseMs and leaves a later holder alone", () => {
+        const m = run(Model.empty)
+        m.acquire(request("a", { count: 1 }), 0)
+        assert.deepStrictEqual(m.release(from("a", 1), 0), Either.right(0))
+        const b = m.acquire(request("b", { count: 1 }), 0)
+        assert.deepStrictEqual(b, granted(2, 1))
+        assert.deepStrictEqual(m.release(from("a", 1), 99), Either.right(0))
+        assert.deepStrictEqual(view(m.state, 99).holders.map((h) => [h.holder, h.exclusive, h.fence]), [["b", 1, 2]])
+        // each copy is remembered for its own leaseMs; after that a release is NotHeld again
+        assert.strictEqual(tagOf(m.release(from("a", 1), 199)), "NotHeld")
+      })
+
+      it("a forced release delivered twice does not drop a holder granted in between", () => {
+        const m = run(Model.empty)
+        m.acquire(request("a", { count: 1 }), 0)
+        const force = { key: K, id: "force-1" }
+        assert.isTrue(m.forceRelease(force, 1))
+        assert.deepStrictEqual(m.acquire(request("b", { count: 1 }), 1), granted(1_000, 1))
+        // the copy answers as the first did, and changes nothing
+        assert.isTrue(m.forceRelease(force, 2))
+        assert.deepStrictEqual(view(m.state, 2).holders.map((h) => [h.holder, h.fence]), [["b", 1_000]])
+        // the dropped holder is remembered: a late copy of its acquisition takes nothing
+        assert.strictEqual(tagOf(m.acquire(request("a", { count: 1 }), 2)), "NotHeld")
+        // a forced release that found nothing: its copy answers false, and leaves a later holder too
+        const idle = { key: "other", id: "force-2" }
+        assert.isFalse(m.forceRelease(idle, 3))
+        m.acquire(request("c", { key: "other", count: 1 }), 3)
+        assert.isFalse(m.forceRelease(idle, 4))
+        assert.deepStrictEqual(view(m.state, 4, "other").holders.map((h) => h.holder), ["c"])
+        // another id is another forced release
+        assert.isTrue(m.forceRelease({ key: K, id: "force-3" }, 5))
+        assert.deepStrictEqual(view(m.state, 5).holders, [])
+        // ids are remembered forceReleaseMemoryMs, then nothing is left
+        assert.deepStrictEqual(memory(m.state, 5 + forceReleaseMemoryMs), forgotten)
+        assert.deepStrictEqual(memory(m.state, 4 + forceReleaseMemoryMs, "other"), forgotten)
+      })
+
+      it("a cancelled waiter is remembered: a late copy of its fair attempt does not queue it again", () => {
+        const m = run(Model.empty)
+        m.acquire(fair("a", { count: 1 }), 0)
+        assert.deepStrictEqual(m.acquire(fair("b", { count: 1 }), 0), denied(100))
+        assert.deepStrictEqual(queueNames(m.state, 0), ["b"])
+        m.cancel({ key: K, holder: "b", leaseMs: 100 }, 0)
+        assert.strictEqual(tagOf(m.acquire(fair("b", { count: 1 }), 0)), "NotHeld")
+        assert.deepStrictEqual(queueNames(m.state, 0), [])
+        // not even once the key is free
+        assert.deepStrictEqual(m.release(from("a", 1), 0), Either.right(0))
+        assert.strictEqual(tagOf(m.acquire(fair("b", { count: 1 }), 0)), "NotHeld")
+        assert.deepStrictEqual([view(m.state, 0).holders, view(m.state, 0).queue], [[], []])
+        // forgotten after leaseMs, with the rest of the key
+        assert.deepStrictEqual(memory(m.state, 100), forgotten)
+      })
+
+      it("a cancel by a current holder ends nothing: it re-enters and releases as before", () => {
+        const m = run(Model.empty)
+        m.acquire(fair("a", { count: 1 }), 0)
+        m.cancel({ key: K, holder: "a", leaseMs: 100 }, 0)
+        assert.deepStrictEqual(memory(m.state, 0), { fence: 1, ended: [] })
+        assert.deepStrictEqual(m.acquire(fair("a", { count: 2 }), 0), granted(1, 2))
+        assert.deepStrictEqual(m.release(from("a", 2), 0), Either.right(1))
+        assert.deepStrictEqual(m.release(from("a", 1), 0), Either.right(0))
+        assert.deepStrictEqual(m.acquire(fair("b"), 0), granted(2, 1))
+      })
+
+      it("fences increase strictly across holders and are never below the clock in microseconds", () => {
+        const m = run(Model.empty)
+        const fences: Array<number> = []
+        const fenceOf = (result: Either.Either<AcquireResult, Model.AcquireError>) => {
+          assert.isTrue(Either.isRight(result) && result.right._tag === "Granted")
+          return Either.isRight(result) && result.right._tag === "Granted" ? result.right.fence : NaN
+        }
+        let now = 0
+        for (const holder of ["a", "b", "c", "d"]) {
+          const fence = fenceOf(m.acquire(request(holder, { count: 1 }), now))
+          assert.isAtLeast(fence, Math.floor(now * 1000))
+          fences.push(fence)
+          m.release(from(holder, 1), now)
+          now += 0.25
+        }
+        // readers granted in one instant: one microsecond apart at least
+        for (const holder of ["r1", "r2", "r3"]) {
+          fences.push(fenceOf(m.acquire(shared(holder, 1, Infinity, { count: 1 }), now)))
+        }
+        for (let i = 1; i < fences.length; i++) assert.isAbove(fences[i]!, fences[i - 1]!)
+      })
+
+      it("a fence ahead of the clock outlives the lease; once the key is idle and forgotten the next is the clock", () => {
+        const m = run(Model.empty)
+        // 1500 grants in one instant: the fence runs ahead of the clock (0 µs)
+        let last = 0
+        for (let i = 0; i < 1500; i++) {
+          const result = m.acquire(request(`h${i}`, { count: 1, leaseMs: 1 }), 0)
+          assert.deepStrictEqual(result, granted(last + 1, 1))
+          last++
+          m.release(from(`h${i}`, 1, { leaseMs: 1 }), 0)
+        }
+        // every lease and every ended holder expired, but the clock has not passed the fence yet
+        assert.isBelow(Math.floor(1.2 * 1000), last)
+        assert.deepStrictEqual(memory(m.state, 1.2), { fence: last, ended: [] })
+        assert.deepStrictEqual(m.acquire(request("x", { count: 1, leaseMs: 1 }), 1.2), granted(last + 1, 1))
+        m.release(from("x", 1, { leaseMs: 1 }), 1.2)
+        // idle past the lease and past fence / 1000 ms: forgotten
+        assert.deepStrictEqual(memory(m.state, 3.2), forgotten)
+        const after = m.acquire(request("y", { count: 1 }), 3.2)
+        assert.deepStrictEqual(after, granted(Math.floor(3.2 * 1000), 1))
+        assert.isAbove(Math.floor(3.2 * 1000), last + 1)
+      })
+
+      it("renew answers an Either per request, in order, and revives nothing", () => {
+        const m = run(Model.empty)
+        m.acquire(request("a", { count: 1 }), 0)
+        m.acquire(shared("r", 1, Infinity, { key: "other", count: 1 }), 0)
+        m.acquire(request("e", { key: "ended", count: 1 }), 0)
+        m.release(from("e", 1, { key: "ended" }), 0)
+        const results = m.renew([
+          { key: K, holder: "a", leaseMs: 100 },
+          { key: "ended", holder: "e", leaseMs: 100 },
+          { key: "other", holder: "r", leaseMs: 100 },
+          { key: "never", holder: "z", leaseMs: 100 }
+        ], 0)
+        assert.isTrue(results.every(Either.isEither))
+        assert.deepStrictEqual(results, [Either.right(true), Either.right(false), Either.right(true), Either.right(false)])
+        assert.deepStrictEqual(m.renew([], 0), [])
+        // the ended holder stays ended: a late copy of its acquisition is still refused
+        assert.deepStrictEqual(view(m.state, 0, "ended").holders, [])
+        assert.strictEqual(tagOf(m.acquire(request("e", { key: "ended", count: 1 }), 0)), "NotHeld")
+        assert.deepStrictEqual(memory(m.state, 0, "never"), forgotten)
+      })
+    })
   })
 
   it("inspect of an untouched key is empty", () => {
@@ -388,13 +643,23 @@ describe("Model", () => {
   })
 
   it("never mutates its input state", () => {
-    const { state } = acquireAll([[request("a"), 0]])
-    const before = JSON.stringify([...state.keys])
-    Model.acquire(state, request("a"), 1)
+    // a holder, an ended holder and a waiter: every part of a key, the memory of ended holders included
+    let { state } = acquireAll([[request("a"), 0], [request("e", { key: "x" }), 0]])
+    state = Model.release(state, releaseOf(state, "e", "exclusive", 0, "x"), 0).state
+    state = acquireAll([[fair("w"), 0]], state).state
+    const snapshot = (s: Model.State) =>
+      JSON.stringify([...s.keys].map(([key, value]) => [key, { ...value, ended: [...value.ended] }]))
+    const before = snapshot(state)
+    assert.include(before, "\"e\"")
+    Model.acquire(state, withCount(state, request("a"), 1), 1)
+    Model.acquire(state, withCount(state, request("e", { key: "x" }), 1), 1)
     Model.release(state, releaseOf(state, "a", "exclusive", 1), 1)
+    Model.release(state, releaseOf(state, "e", "exclusive", 1, "x"), 1)
     Model.renew(state, [{ key: K, holder: "a", leaseMs: 500 }], 1)
     Model.forceRelease(state, { key: K, id: "force" }, 1)
-    Model.acquire(state, fair("b"), 1)
-    assert.strictEqual(JSON.stringify([...state.keys]), before)
+    Model.cancel(state, { key: K, holder: "w", leaseMs: 100 }, 1)
+    Model.acquire(state, withCount(state, fair("b"), 1), 1)
+    Model.inspect(state, K, 200)
+    assert.strictEqual(snapshot(state), before)
   })
 })

@@ -422,9 +422,14 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     atomically((now) => {
       const dropped = prune(key, now)
       const data = keys.get(key)
-      // a copy answers as the first delivery did
-      if (hasEnded(data, forcedId(id, true), now)) return Effect.succeed(true)
-      if (hasEnded(data, forcedId(id, false), now)) return Effect.succeed(false)
+      // a copy answers as the first delivery did (after waking whoever an expiry let in)
+      for (const answer of [true, false]) {
+        if (hasEnded(data, forcedId(id, answer), now)) {
+          if (dropped) wake(key)
+          tidy(key, now)
+          return Effect.succeed(answer)
+        }
+      }
       const target = keyData(key)
       const held = target.holders.size > 0
       // the dropped holders' late copies must not re-enter: remember them until they would have expired
