@@ -1,6 +1,6 @@
 /**
  * A multi-process adversarial run on a real redis-server. Four client processes
- * (`fixtures/nemesisClient.ts`), each behind its own TCP forwarder, contend for one watchdog lock
+ * (`fixtures/nemesisClient.ts`), each behind its own TCP proxy (`TcpProxy`), contend for one watchdog lock
  * (`Lock.withLock`, watchdog 1.5 s) and in every critical section write their fence token two or
  * three times to a fenced resource in this process, which accepts a write iff its token is at
  * least the highest accepted so far. Meanwhile a nemesis injects one fault at a time with short
@@ -45,7 +45,7 @@ const LIVENESS_SECTIONS = 3
 const STOP_WITHIN_MS = 5_000
 
 // Anything that escapes the Effect world in this process (an error event nobody listens to on a
-// socket of the resource or a forwarder) is a harness bug and fails the phase it happened in.
+// socket of the resource or a proxy) is a harness bug and fails the phase it happened in.
 const escaped: Array<string> = []
 const onRejection = (reason: unknown) => {
   escaped.push(`unhandledRejection: ${String(reason)}`)
