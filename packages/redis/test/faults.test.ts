@@ -314,7 +314,7 @@ describe.runIf(runnable)("Redis backend faults on a real redis-server", () => {
   // against that version of `run` (redisBackend.ts, before 2b3b6c0: all 10 acquisitions still
   // running 3 s into the pause, then all granted after the resume) and passes since the timeout
   // settles the call itself (`bounded`).
-  it.scopedLive("server paused while acquisitions and a release are in flight: each fails typed within the command timeout; orphan grants expire with their lease", () =>
+  it.scopedLive("server paused while acquisitions and a release are in flight: each fails typed within the command timeout; a grant whose caller gave up is released at once", () =>
     Effect.gen(function*() {
       const server = yield* RedisServer.make()
       const backend = yield* backendOn(server.url)
