@@ -38,9 +38,9 @@ const WATCHDOG_MS = 1_500
 const COMMAND_TIMEOUT_MS = 400
 const CLIENTS = 4
 const NEMESIS_MS = 20_000
-/** After the nemesis: every client must complete this many critical sections in this much time. */
-const QUIET_MS = 3_000
-const LIVENESS_SECTIONS = 3
+/** After the nemesis: every client must complete a critical section in this much time (no client hangs; a loaded machine may be slow). */
+const QUIET_MS = 4_000
+const LIVENESS_SECTIONS = 1
 /** How long a process may take to exit once told to stop. */
 const STOP_WITHIN_MS = 5_000
 
