@@ -164,16 +164,33 @@ export class InvalidLockOptions extends Data.TaggedError("InvalidLockOptions")<{
   }
 }
 
+/** The first line of `text`, trimmed: a message never carries a stack trace or a multi-line dump. */
+const oneLine = (text: string): string => {
+  const end = text.indexOf("\n")
+  return (end < 0 ? text : text.slice(0, end)).trim()
+}
+
 /**
  * The backend could not carry out an operation (connection loss, timeout, script error, wrong key
- * type, ...). `cause` holds the underlying failure.
+ * type, ...). `cause` holds the underlying failure. A backend that knows where it talks to names
+ * it in `endpoint`, and may say more than `cause` does in `detail` (for instance the connection
+ * error behind a timeout). `message` is one line: no stack trace.
  *
  * @example
  * ```ts
  * import { LockError } from "@lockstep/core"
  *
  * const error = new LockError.BackendError({ operation: "acquire", cause: new Error("ECONNRESET") })
- * console.log(error.message)
+ * console.log(error.message) // lock backend failed during acquire: ECONNRESET
+ *
+ * const located = new LockError.BackendError({
+ *   operation: "acquire",
+ *   cause: new Error("no answer within 2s"),
+ *   endpoint: "Redis 10.0.0.7:6379",
+ *   detail: "connect ECONNREFUSED 10.0.0.7:6379 (no answer within 2s)"
+ * })
+ * console.log(located.message)
+ * // lock backend failed during acquire on Redis 10.0.0.7:6379: connect ECONNREFUSED 10.0.0.7:6379 (no answer within 2s)
  * ```
  *
  * @since 0.1.0
@@ -182,10 +199,15 @@ export class InvalidLockOptions extends Data.TaggedError("InvalidLockOptions")<{
 export class BackendError extends Data.TaggedError("BackendError")<{
   readonly operation: string
   readonly cause: unknown
+  /** Where the backend talks to, e.g. `Redis 127.0.0.1:6379`. */
+  readonly endpoint?: string | undefined
+  /** What went wrong, in place of `cause`'s own message when the backend knows more. */
+  readonly detail?: string | undefined
 }> {
   override get message(): string {
-    const detail = this.cause instanceof Error ? this.cause.message : String(this.cause)
-    return `lock backend failed during ${this.operation}: ${detail}`
+    const detail = this.detail ?? (this.cause instanceof Error ? this.cause.message : String(this.cause))
+    const where = this.endpoint === undefined ? "" : ` on ${this.endpoint}`
+    return oneLine(`lock backend failed during ${this.operation}${where}: ${detail}`)
   }
 }
 

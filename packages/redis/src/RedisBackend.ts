@@ -7,16 +7,23 @@
  * Waiters of one backend share one subscriber connection; a release wakes one of them (for a fair
  * lock: the head of the queue). Watchdog renewals that fall due together leave in one script.
  *
+ * Every `BackendError` names the endpoint (`Redis host:port`, the socket path, or the cluster's
+ * startup nodes) and, while a connection is down, the last error ioredis reported for it
+ * (`connect ECONNREFUSED ...`, `WRONGPASS ...`); its `cause` is what the call itself failed with.
+ * An outage is logged once (a warning with the endpoint and the error, then "reconnected"), not
+ * once per failing call. The backend listens to its connections' 'error' events, so ioredis never
+ * prints "Unhandled error event" for them.
+ *
  * @since 0.1.0
  */
 import type { Duration, Scope } from "effect"
 import { Config, Effect, Layer } from "effect"
 import type { ConfigError } from "effect/ConfigError"
-import { Cluster, Redis } from "ioredis"
-import type { ClusterNode, ClusterOptions, RedisOptions } from "ioredis"
+import type { Cluster, ClusterNode, ClusterOptions, Redis, RedisOptions } from "ioredis"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import type { Service } from "@lockstep/core/LockBackend"
-import { BackendError } from "@lockstep/core/LockError"
+import type { BackendError } from "@lockstep/core/LockError"
+import * as tracking from "./internal/connection.js"
 import * as internal from "./internal/redisBackend.js"
 
 /**
@@ -97,7 +104,8 @@ export type Connection =
 
 /**
  * The backend on an existing client (borrowed: closing the scope does not close it). A duplicate
- * connection carries the waiters' subscriptions and is closed with the scope.
+ * connection carries the waiters' subscriptions and is closed with the scope. Nothing is sent to
+ * the server here: an unreachable server shows in the first calls (as `BackendError`).
  *
  * @example
  * ```ts
@@ -115,7 +123,18 @@ export type Connection =
  * @category constructors
  */
 export const make = (options: Options): Effect.Effect<Service, never, Scope.Scope> =>
-  internal.make(options.client, options)
+  Effect.flatMap(tracking.track(options.client, options), (tracker) => build(options.client, options, tracker))
+
+/** The backend on `client`, which `tracker` follows; outages are logged while the scope is open. */
+const build = (
+  client: Client,
+  tuning: Tuning | undefined,
+  tracker: tracking.Tracker
+): Effect.Effect<Service, never, Scope.Scope> =>
+  Effect.zipRight(
+    Effect.forkScoped(tracker.report),
+    Effect.map(internal.make(client, tuning, tracker), tracker.locateAll)
+  )
 
 /**
  * Provides `LockBackend` on an existing ioredis client.
@@ -138,26 +157,14 @@ export const make = (options: Options): Effect.Effect<Service, never, Scope.Scop
  */
 export const layer = (options: Options): Layer.Layer<LockBackend> => Layer.scoped(LockBackend, make(options))
 
-const connect = (connection: Connection): Effect.Effect<Client, BackendError, Scope.Scope> =>
-  Effect.acquireRelease(
-    Effect.try({
-      try: (): Client => {
-        const client: Client = typeof connection === "string"
-          ? new Redis(connection, { maxRetriesPerRequest: 2 })
-          : "cluster" in connection
-          ? new Cluster([...connection.cluster], connection.options)
-          : new Redis({ maxRetriesPerRequest: 2, ...connection })
-        // failures reach callers as BackendError (timeouts, rejected calls); not as unhandled events
-        client.on("error", () => undefined)
-        return client
-      },
-      catch: (cause) => new BackendError({ operation: "connect", cause })
-    }),
-    (client) => Effect.sync(() => client.disconnect())
-  )
-
 /**
  * Provides `LockBackend` on connections the layer opens and closes itself.
+ *
+ * Building the layer checks the server: one PING, within the command timeout or until ioredis
+ * gives up, whichever comes first. An unreachable server, a refused password or a bad URL fails
+ * the layer with `BackendError` (operation `"connect"`) naming the endpoint and the cause, e.g.
+ * `lock backend failed during connect on Redis 10.0.0.7:6379: connect ECONNREFUSED 10.0.0.7:6379 (...)`,
+ * and closes what it opened.
  *
  * @example
  * ```ts
@@ -171,11 +178,20 @@ const connect = (connection: Connection): Effect.Effect<Client, BackendError, Sc
  * @category layers
  */
 export const layerFrom = (connection: Connection, tuning?: Tuning): Layer.Layer<LockBackend, BackendError> =>
-  Layer.scoped(LockBackend, Effect.flatMap(connect(connection), (client) => internal.make(client, tuning)))
+  Layer.scoped(
+    LockBackend,
+    Effect.gen(function*() {
+      const client = yield* tracking.open(connection)
+      const tracker = yield* tracking.track(client, tuning)
+      yield* tracker.ping
+      return yield* build(client, tuning, tracker)
+    })
+  )
 
 /**
  * Provides `LockBackend` on a connection to the URL in `REDIS_URL` (or the config given), opened
- * and closed by the layer.
+ * and closed by the layer. Like `layerFrom`, it fails with `BackendError` (operation `"connect"`)
+ * when the server cannot be reached or refuses the password, or the URL is not a Redis URL.
  *
  * @example
  * ```ts

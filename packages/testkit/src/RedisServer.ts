@@ -146,7 +146,10 @@ export interface RedisCluster {
  * @category models
  */
 export interface Options {
-  /** Extra `redis-server` arguments, after the launcher's own (so they win). */
+  /**
+   * Extra `redis-server` arguments, after the launcher's own (so they win). A password
+   * (`["--requirepass", "secret"]`) is fine: the readiness PING takes NOAUTH as "up".
+   */
   readonly args?: ReadonlyArray<string>
   /** The binary; default `REDIS_SERVER_BIN`, else `redis-server` on `PATH`. */
   readonly bin?: string

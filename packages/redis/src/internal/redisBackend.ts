@@ -1,11 +1,13 @@
 import { createHash } from "node:crypto"
 import type { Scope } from "effect"
-import { Deferred, Duration, Effect, Either, FiberId, Queue } from "effect"
+import { Deferred, Effect, Either, FiberId, Queue } from "effect"
 import calculateSlot from "cluster-key-slot"
 import type * as LockBackend from "@lockstep/core/LockBackend"
 import { forceReleaseMemoryMs } from "@lockstep/core/LockBackend"
 import { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
+import { subscriberFor, whenNotHandshaking } from "./connection.js"
+import type { Tracker } from "./connection.js"
 import * as scripts from "./scripts.js"
 import { makeWakeups } from "./wakeups.js"
 
@@ -46,43 +48,24 @@ const isNoScript = (error: unknown) => error instanceof Error && error.message.s
 const asNumber = (value: unknown): number => Number(value)
 
 /**
- * Builds the backend on `client` (borrowed: never closed here). A duplicate connection carries
- * the subscriptions of all waiters; it is closed with the scope.
+ * Builds the backend on `client` (borrowed: never closed here), which `connection` tracks. A
+ * duplicate connection carries the subscriptions of all waiters; it is closed with the scope.
  */
-export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend.Service, never, Scope.Scope> =>
+export const make = (
+  client: Client,
+  tuning: Tuning | undefined,
+  connection: Tracker
+): Effect.Effect<LockBackend.Service, never, Scope.Scope> =>
   Effect.gen(function*() {
     const clientId = crypto.randomUUID()
-    const timeout = Duration.decode(tuning?.commandTimeout ?? "2 seconds")
     const renewBatchSize = tuning?.renewBatchSize ?? 1000
     const isCluster = "isCluster" in client && client.isCluster === true
 
     /**
-     * Settles with the promise, or fails with BackendError once the command timeout passes. The
-     * timer settles the effect itself rather than interrupting it: callers run grants and the
-     * registration of their release uninterruptibly (so an interruption never leaks a grant), and
-     * a silent server must still not stall them.
+     * Settles with the promise, or fails with BackendError (naming the endpoint and the
+     * connection's trouble) once the command timeout passes: see `Tracker.call`.
      */
-    const bounded = <A>(operation: string, promise: () => Promise<A>) =>
-      Effect.async<A, BackendError>((resume) => {
-        const timer = setTimeout(
-          () =>
-            resume(Effect.fail(
-              new BackendError({ operation, cause: new Error(`no answer from Redis within ${Duration.format(timeout)}`) })
-            )),
-          Duration.toMillis(timeout)
-        )
-        promise().then(
-          (value) => {
-            clearTimeout(timer)
-            resume(Effect.succeed(value))
-          },
-          (cause: unknown) => {
-            clearTimeout(timer)
-            resume(Effect.fail(new BackendError({ operation, cause })))
-          }
-        )
-        return Effect.sync(() => clearTimeout(timer))
-      })
+    const bounded = <A>(operation: string, promise: () => Promise<A>) => connection.call(operation, promise)
 
     /** One script call: EVALSHA, and EVAL when the server does not know the script yet. */
     const run = (s: Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) =>
@@ -91,13 +74,18 @@ export const make = (client: Client, tuning?: Tuning): Effect.Effect<LockBackend
           isNoScript(error) ? client.eval(s.lua, keys.length, ...keys, ...args) : Promise.reject(error)
         ))
 
-    const subscriber = client.duplicate()
-    subscriber.on("error", () => {
-      // connection errors surface through timeouts of the calls that need the connection
-    })
+    const subscriber = subscriberFor(client)
+    // our own connection: it never prints "Unhandled error event", even after the tracking
+    // listener is removed; connection errors surface through the calls that need it
+    subscriber.on("error", () => undefined)
+    // removed after the disconnect below (finalizers run in reverse order)
+    yield* connection.watch(subscriber, "subscriber")
     const wakeups = makeWakeups(
-      { subscribe: (channel) => subscriber.subscribe(channel), unsubscribe: (channel) => subscriber.unsubscribe(channel) },
-      (ready) => Effect.asVoid(bounded("subscribe", () => ready))
+      {
+        subscribe: (channel) => whenNotHandshaking(subscriber, () => subscriber.subscribe(channel)),
+        unsubscribe: (channel) => whenNotHandshaking(subscriber, () => subscriber.unsubscribe(channel))
+      },
+      (ready) => Effect.asVoid(connection.call("subscribe", () => ready, "subscriber"))
     )
     subscriber.on("message", (channel: string, message: string) => wakeups.onMessage(channel, message))
     let connectedOnce = false

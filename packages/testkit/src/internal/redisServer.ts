@@ -262,12 +262,20 @@ export const command = (
     })
   )
 
-/** One PING; succeeds on PONG. */
+/**
+ * One PING; succeeds on PONG, and on NOAUTH: a server started with `--requirepass` answers an
+ * unauthenticated PING that way, and it is up.
+ */
 export const ping = (port: number, timeout: Duration.Duration): Effect.Effect<void, RedisServerError> =>
-  Effect.flatMap(command(port, ["PING"], timeout), (reply) =>
-    reply === "PONG"
-      ? Effect.void
-      : Effect.fail(new RedisServerError({ message: `PING on ${HOST}:${port} answered ${String(reply)}` })))
+  Effect.flatMap(
+    command(port, ["PING"], timeout).pipe(
+      Effect.catchIf((error) => error.message.startsWith(`PING on ${HOST}:${port}: NOAUTH`), () => Effect.succeed("PONG"))
+    ),
+    (reply) =>
+      reply === "PONG"
+        ? Effect.void
+        : Effect.fail(new RedisServerError({ message: `PING on ${HOST}:${port} answered ${String(reply)}` }))
+  )
 
 // ---------------------------------------------------------------------------------------------
 // processes
