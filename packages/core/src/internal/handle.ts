@@ -89,11 +89,9 @@ export const withLease = <A, E, R>(
   permits: number,
   timeout: Duration.DurationInput | undefined
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
-  Effect.scoped(
-    Effect.flatMap(acquire(spec, permits, timeout), (lease) =>
-      // the race runs the body in a forked fiber: it is still this fiber's critical section
-      Effect.flatMap(internal.withCurrentHolds(body), (inside) => Effect.raceFirst(inside, lease.lost)))
-  )
+  timeout === undefined
+    ? internal.withLease(body, spec, permits, undefined)
+    : Effect.flatMap(timeoutMillis(timeout), (ms) => internal.withLease(body, spec, permits, ms))
 
 /** The longest remaining time-to-live among the handle's holders. */
 export const remainingTtl = (spec: LockSpec): Effect.Effect<Option.Option<Duration.Duration>, BackendError> =>

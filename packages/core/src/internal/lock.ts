@@ -1,15 +1,15 @@
 import {
+  Cause,
   Clock,
+  Context,
   Deferred,
   Duration,
   Effect,
-  Either,
-  ExecutionStrategy,
   Exit,
   Fiber,
+  FiberId,
   FiberRef,
   GlobalValue,
-  HashMap,
   Option,
   Scope
 } from "effect"
@@ -17,6 +17,8 @@ import type { Lease } from "../Lease.js"
 import type { AcquireRequest, AcquireResult, HoldMode, Service } from "../LockBackend.js"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported } from "../LockError.js"
 import { LockLost, LockTimeout, SelfDeadlock } from "../LockError.js"
+import type { Entry } from "./keeper.js"
+import { driftMs, keeperOf, maxSleepMs, monotonicMillis } from "./keeper.js"
 
 /** The kinds of handle; read and write locks are views of one key. */
 export type LockKind = "Lock" | "FairLock" | "ReadLock" | "WriteLock" | "Semaphore"
@@ -43,10 +45,12 @@ export const defaultWaiterTtlMs = 5_000
 
 /**
  * One holder's live holds on one key, shared by all its leases (the outer one and re-entrant
- * ones, which may be released in any order). The watchdog runs in `scope` for as long as any of
- * them is open.
+ * ones, which may be released in any order). The backend's keeper watches it for as long as any
+ * of them is open.
  */
 interface Held {
+  readonly backend: Service
+  readonly key: string
   readonly holder: string
   readonly reentrant: boolean
   /** The fence of the grant that started the record. */
@@ -59,7 +63,10 @@ interface Held {
   readonly leaseMs: number
   readonly lost: Effect.Effect<never, LockLost>
   readonly expiresIn: Effect.Effect<Duration.Duration>
-  readonly scope: Scope.CloseableScope
+  /** The `withLock` bodies running under the hold: interrupted when it is lost. */
+  readonly bodies: Set<Fiber.RuntimeFiber<unknown, unknown>>
+  /** Tells the keeper the hold ended normally: no more renewals, no deadline. */
+  readonly stop: () => void
   /** Open leases; at 0 the record is done and a later grant starts a new holder. */
   leases: number
   /** Set once `lost` has failed: the hold is gone, nothing may re-enter or renew it. */
@@ -79,14 +86,21 @@ const isLive = (held: Held): boolean => held.leases > 0 && !held.dead
  * the fiber that joins it, whose scope usually owns them.
  */
 interface HeldLeases {
-  readonly all: HashMap.HashMap<string, ReadonlyArray<Held>>
-  readonly taken: HashMap.HashMap<string, ReadonlyArray<Held>>
+  readonly all: ReadonlyArray<Held>
+  readonly taken: ReadonlyArray<Held>
 }
 
-const noLeases: HeldLeases = { all: HashMap.empty(), taken: HashMap.empty() }
+const noLeases: HeldLeases = { all: [], taken: [] }
 
-const addHeld = (map: HashMap.HashMap<string, ReadonlyArray<Held>>, id: string, held: Held) =>
-  HashMap.set(map, id, [...Option.getOrElse(HashMap.get(map, id), (): ReadonlyArray<Held> => []).filter(isLive), held])
+/** Whether `held` is a hold on `spec`'s key through the same backend. */
+const isOn = (held: Held, spec: LockSpec): boolean => held.key === spec.key && held.backend === spec.backend
+
+/** `helds` without the records that ended, plus `held`. */
+const addHeld = (helds: ReadonlyArray<Held>, held: Held): ReadonlyArray<Held> => {
+  const out = helds.filter(isLive)
+  out.push(held)
+  return out
+}
 
 const heldLeases = GlobalValue.globalValue(
   Symbol.for("@lockstep/core/heldLeases/perFiber"),
@@ -94,33 +108,65 @@ const heldLeases = GlobalValue.globalValue(
     FiberRef.unsafeMake<HeldLeases>(noLeases, {
       fork: () => noLeases,
       join: (parent, child) =>
-        HashMap.reduce(child.taken, parent, (merged, helds, id) =>
-          helds.reduce((acc, held) => {
-            const mine = Option.getOrElse(HashMap.get(acc.all, id), (): ReadonlyArray<Held> => [])
-            // a parent's own live re-entrant hold wins over a child's
-            if (!isLive(held) || mine.includes(held) || (held.reentrant && mine.some((h) => h.reentrant && isLive(h)))) {
-              return acc
-            }
-            return { all: addHeld(acc.all, id, held), taken: addHeld(acc.taken, id, held) }
-          }, merged))
+        child.taken.reduce((acc, held) => {
+          // a parent's own live re-entrant hold wins over a child's
+          if (
+            !isLive(held) || acc.all.includes(held) ||
+            (held.reentrant && acc.all.some((h) => h.reentrant && isLive(h) && h.key === held.key && h.backend === held.backend))
+          ) {
+            return acc
+          }
+          return { all: addHeld(acc.all, held), taken: addHeld(acc.taken, held) }
+        }, parent)
     })
 )
 
+/** Where a lease keeps its holder's record, for `whileHeld`. */
+const heldOf = Symbol.for("@lockstep/core/Lease/held")
+
 /**
- * Runs `effect` (in a fiber forked only to race it, as `withLock` does) with the current fiber's
- * holds, so it re-enters them as the current fiber would.
+ * Runs `body` under `lease` in a fiber of its own, with the current fiber's holds (it re-enters
+ * them as the current fiber would: it is still this fiber's critical section) and a scope of its
+ * own, closed when it ends. If the hold is lost meanwhile, the body is interrupted and this fails
+ * with the `LockLost`; otherwise it ends as the body did, and the body's fiber refs are inherited
+ * as with `Fiber.join`. Call it uninterruptibly; `restore` is where it may be interrupted.
  */
-export const withCurrentHolds = <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<Effect.Effect<A, E, R>> =>
-  Effect.map(FiberRef.get(heldLeases), (held) => Effect.locally(effect, heldLeases, { all: held.all, taken: HashMap.empty() }))
+const whileHeld = <A, E, R>(
+  lease: Lease,
+  body: Effect.Effect<A, E, R>,
+  restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> => {
+  const held = (lease as Lease & { readonly [heldOf]: Held })[heldOf]
+  const scoped = Effect.flatMap(Scope.make(), (scope) =>
+    Effect.onExit(
+      Effect.provideService(body, Scope.Scope, scope) as Effect.Effect<A, E, Exclude<R, Scope.Scope>>,
+      (exit) => Scope.close(scope, exit)
+    ))
+  return Effect.withFiberRuntime((parent) =>
+    Effect.flatMap(
+      Effect.fork(restore(Effect.locally(scoped, heldLeases, { all: parent.getFiberRef(heldLeases).all, taken: [] }))),
+      (fiber) => {
+        held.bodies.add(fiber)
+        if (held.dead) fiber.unsafeInterruptAsFork(FiberId.none)
+        return restore(Fiber.await(fiber)).pipe(
+          Effect.onInterrupt(() => Fiber.interrupt(fiber)),
+          Effect.ensuring(Effect.sync(() => held.bodies.delete(fiber))),
+          Effect.flatMap((exit): Effect.Effect<A, E | LockLost> =>
+            Exit.isFailure(exit) && held.dead && Cause.isInterruptedOnly(exit.cause)
+              ? held.lost
+              : Effect.zipRight(Fiber.inheritAll(fiber), exit)
+          )
+        )
+      }
+    )
+  )
+}
 
 const holderCounter = GlobalValue.globalValue(Symbol.for("@lockstep/core/holderCounter"), () => ({ next: 0 }))
 
-const heldId = (spec: LockSpec): string => `${spec.backend.clientId}\u0000${spec.key}`
-
 /** The current fiber's live holds on the lock's key, of every kind. */
 const liveHolds = (spec: LockSpec): Effect.Effect<ReadonlyArray<Held>> =>
-  Effect.map(FiberRef.get(heldLeases), (held) =>
-    Option.match(HashMap.get(held.all, heldId(spec)), { onNone: () => [], onSome: (helds) => helds.filter(isLive) }))
+  Effect.map(FiberRef.get(heldLeases), (held) => held.all.filter((h) => isLive(h) && isOn(h, spec)))
 
 /** The holder identity of the current fiber for this lock, if it holds it. */
 export const currentHolder = (spec: LockSpec): Effect.Effect<Option.Option<string>> =>
@@ -152,17 +198,20 @@ const selfDeadlock = (spec: LockSpec, permits: number, mine: ReadonlyArray<Held>
   return undefined
 }
 
-/** Monotonic milliseconds from Effect's Clock (hrtime-based live, driven by TestClock in tests). */
-const monotonicMillis = Effect.map(Clock.currentTimeNanos, (nanos) => Number(nanos) / 1_000_000)
-
 export type AttemptError = BackendError | InvalidLockOptions | LockUpgradeNotSupported | SelfDeadlock
+
+/** A granted lease and what ends it (once; later calls do nothing). */
+interface Grant {
+  readonly lease: Lease
+  readonly close: Effect.Effect<void>
+}
 
 /**
  * Acquires a lease into the current scope. `timeoutMs`: `undefined` waits forever, `0` makes a
  * single attempt (try-acquire). Each attempt runs uninterruptibly and its grant is bound to the
- * lease's scope in the same step; only the waiting in between is interruptible. An interruption
- * that arrived while a grant was in flight releases that grant at once, and an attempt whose
- * reply was lost is released best-effort: nothing is left held for a caller that has no lease.
+ * scope in the same step; only the waiting in between is interruptible. An interruption that
+ * arrived while a grant was in flight releases that grant at once, and an attempt whose reply was
+ * lost is released best-effort: nothing is left held for a caller that has no lease.
  */
 export const acquire = (
   spec: LockSpec,
@@ -170,12 +219,53 @@ export const acquire = (
   timeoutMs: number | undefined
 ): Effect.Effect<Option.Option<Lease>, AttemptError | LockTimeout, Scope.Scope> =>
   Effect.uninterruptibleMask((restore) =>
-    Effect.gen(function*() {
-      const scope = yield* Effect.scope
-      const mine = yield* liveHolds(spec)
+    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore), (grant) => {
+      if (Option.isNone(grant)) return Effect.succeedNone
+      const { close, lease } = grant.value
+      return Effect.flatMap(Effect.scope, (scope) =>
+        Effect.zipRight(
+          Scope.addFinalizer(scope, close),
+          // an interruption that arrived while the grant was in flight: the caller gets no
+          // lease, so the grant is released now rather than when the caller's scope closes
+          Effect.as(Effect.onInterrupt(restore(Effect.void), () => close), Option.some(lease))
+        ))
+    })
+  )
+
+/**
+ * Runs `body` while holding a lease (waiting forever, or up to `timeoutMs`): the body's own scoped
+ * resources close before the release, and the body is interrupted with `LockLost` if the lease is
+ * lost. No scope is made for the lease: it ends when the body does.
+ */
+export const withLease = <A, E, R>(
+  body: Effect.Effect<A, E, R>,
+  spec: LockSpec,
+  permits: number,
+  timeoutMs: number | undefined
+): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
+  Effect.uninterruptibleMask((restore) =>
+    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore), (grant) => {
+      // only a zero timeout ends without a grant or a LockTimeout, and withLock never makes one
+      if (Option.isNone(grant)) return Effect.dieMessage("lockstep: a waiting acquisition ended without a lease")
+      const { close, lease } = grant.value
+      // an interruption that arrived while the grant was in flight stops here, before the body
+      return Effect.ensuring(Effect.zipRight(restore(Effect.void), whileHeld(lease, body, restore)), close)
+    })
+  )
+
+const acquireGrant = (
+  spec: LockSpec,
+  permits: number,
+  timeoutMs: number | undefined,
+  restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
+  // what the first attempt needs is read synchronously: this is the path every lock takes
+  Effect.withFiberRuntime((fiber) => {
+      const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+      const mine = fiber.getFiberRef(heldLeases).all.filter((h) => isLive(h) && isOn(h, spec))
       const found = spec.reentrant ? mine.find((h) => h.reentrant) : undefined
       const deadlock = selfDeadlock(spec, permits, mine, found)
-      if (deadlock !== undefined) return yield* Effect.fail(deadlock)
+      if (deadlock !== undefined) return Effect.fail(deadlock)
       const holder = found?.holder ?? `${spec.backend.clientId}:${++holderCounter.next}`
       const request: AcquireRequest = {
         key: spec.key,
@@ -188,62 +278,70 @@ export const acquire = (
         waiterTtlMs: spec.waiterTtlMs,
         count: found === undefined ? 1 : countIn(found, spec.mode) + 1
       }
-      // the lease's own scope, a child of the caller's: closing it early releases the grant
-      const leaseScope = yield* Scope.fork(scope, ExecutionStrategy.sequential)
-      const startedAt = yield* monotonicMillis
-      let granted: Lease | undefined
+      const startedAt = Number(clock.unsafeCurrentTimeNanos()) / 1_000_000
+      let granted: Grant | undefined
       let stale = false
-      const attempt = Effect.flatMap(monotonicMillis, (sentAt) =>
-        spec.backend.acquire(request).pipe(
-          Effect.tap((result) => {
-            if (result._tag === "Denied") return Effect.void
-            if (found !== undefined && result.fence !== found.fence) {
-              // granted afresh (a writer taking the read lock of a key the backend forgot): the
-              // hold being re-entered is gone; give the new grant back and start over
-              stale = true
-              return Effect.zipRight(found.lose("NotHeld"), cleanUpAttempt(spec, request))
-            }
-            return Effect.map(attach(spec, request, result.fence, sentAt, leaseScope, found), (lease) => {
-              granted = lease
-            })
-          }),
-          Effect.catchTags({
-            // the hold being re-entered is gone (or, for a new holder, refused as a late copy):
-            // start over as a new holder
-            NotHeld: () => {
-              stale = true
-              const denied: AcquireResult = { _tag: "Denied", retryAfterMs: 1 }
-              return found === undefined ? Effect.succeed(denied) : Effect.as(found.lose("NotHeld"), denied)
+      {
+        const attemptAt = (sentAt: number): Effect.Effect<AcquireResult, AttemptError> =>
+          Effect.matchEffect(spec.backend.acquire(request), {
+            onSuccess: (result): Effect.Effect<AcquireResult> => {
+              if (result._tag === "Denied") return Effect.succeed(result)
+              if (found !== undefined && result.fence !== found.fence) {
+                // granted afresh (a writer taking the read lock of a key the backend forgot): the
+                // hold being re-entered is gone; give the new grant back and start over
+                stale = true
+                return Effect.as(Effect.zipRight(found.lose("NotHeld"), cleanUpAttempt(spec, request)), result)
+              }
+              return Effect.map(attach(spec, request, result.fence, sentAt, found), (grant) => {
+                granted = grant
+                return result
+              })
             },
-            // the reply may have been lost after the backend granted (or queued) the request
-            BackendError: (error) => Effect.zipRight(cleanUpAttempt(spec, request), Effect.fail(error))
+            onFailure: (error): Effect.Effect<AcquireResult, AttemptError> => {
+              switch (error._tag) {
+                case "NotHeld": {
+                  // the hold being re-entered is gone (or, for a new holder, refused as a late
+                  // copy): start over as a new holder
+                  stale = true
+                  const denied: AcquireResult = { _tag: "Denied", retryAfterMs: 1 }
+                  return found === undefined ? Effect.succeed(denied) : Effect.as(found.lose("NotHeld"), denied)
+                }
+                case "BackendError":
+                  // the reply may have been lost after the backend granted (or queued) the request
+                  return Effect.zipRight(cleanUpAttempt(spec, request), Effect.fail(error))
+                default:
+                  return Effect.fail(error)
+              }
+            }
           })
-        ))
+        const attempt = Effect.flatMap(monotonicMillis, attemptAt)
 
-      const first = yield* attempt
-      if (first._tag === "Denied" && !stale && timeoutMs !== 0) {
-        yield* waitForGrant(spec, request, attempt, () => stale, startedAt, timeoutMs, restore)
-      } else if (first._tag === "Denied" && !stale && spec.fair) {
-        // a denied fair attempt queued us; a try-acquire must not stay in the queue
-        yield* cancel(spec, holder)
+        const settle = (first: AcquireResult): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
+          if (first._tag === "Denied" && !stale && timeoutMs !== 0) {
+            return Effect.flatMap(
+              waitForGrant(spec, request, attempt, () => stale, startedAt, timeoutMs, restore),
+              () => finish
+            )
+          }
+          if (first._tag === "Denied" && !stale && spec.fair) {
+            // a denied fair attempt queued us; a try-acquire must not stay in the queue
+            return Effect.zipRight(cancel(spec, holder), finish)
+          }
+          return finish
+        }
+        const finish: Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> = Effect.suspend(() => {
+          if (stale) {
+            return Effect.flatMap(monotonicMillis, (now) => {
+              // start over as a new holder, within what is left of the wait
+              const left = timeoutMs === undefined || timeoutMs === 0 ? timeoutMs : Math.max(1, timeoutMs - (now - startedAt))
+              return restore(acquireGrant(spec, permits, left, restore))
+            })
+          }
+          return Effect.succeed(Option.fromNullable(granted))
+        })
+        return Effect.flatMap(attemptAt(startedAt), settle)
       }
-      if (stale) {
-        yield* Scope.close(leaseScope, Exit.void)
-        // start over as a new holder, within what is left of the wait
-        const elapsed = (yield* monotonicMillis) - startedAt
-        const left = timeoutMs === undefined || timeoutMs === 0 ? timeoutMs : Math.max(1, timeoutMs - elapsed)
-        return yield* restore(acquire(spec, permits, left))
-      }
-      if (granted === undefined) {
-        yield* Scope.close(leaseScope, Exit.void)
-        return Option.none()
-      }
-      // an interruption that arrived while the grant was in flight: the caller gets no lease, so
-      // the grant is released now rather than when the caller's scope closes
-      yield* restore(Effect.void).pipe(Effect.onInterrupt(() => Scope.close(leaseScope, Exit.void)))
-      return Option.some(granted)
     })
-  ).pipe(Effect.withSpan("lockstep.acquire", { attributes: { key: spec.key, mode: spec.mode, permits } }))
 
 const countIn = (held: Held, mode: HoldMode): number =>
   mode === "exclusive" ? held.counts.exclusive : held.counts.shared
@@ -274,62 +372,60 @@ const attach = (
   request: AcquireRequest,
   fence: number,
   sentAt: number,
-  scope: Scope.Scope,
   found: Held | undefined
-): Effect.Effect<Lease> =>
-  Effect.gen(function*() {
-    let held: Held
-    if (found !== undefined && isLive(found)) {
-      held = found
-      held.leases++
-    } else {
-      held = yield* startHeld(spec, request, fence, sentAt)
-      const id = heldId(spec)
-      yield* FiberRef.update(heldLeases, (leases) => ({
-        all: addHeld(leases.all, id, held),
-        taken: addHeld(leases.taken, id, held)
-      }))
-    }
-    if (spec.mode === "exclusive") held.counts.exclusive = request.count
-    else held.counts.shared = request.count
-    const record = held
-    yield* Scope.addFinalizer(
-      scope,
-      Effect.suspend(() => {
-        record.leases--
-        const count = countIn(record, spec.mode)
-        if (spec.mode === "exclusive") record.counts.exclusive = Math.max(0, count - 1)
-        else record.counts.shared = Math.max(0, count - 1)
-        const stop = record.leases === 0
-          ? Effect.zipRight(
-            Scope.close(record.scope, Exit.void),
-            FiberRef.update(heldLeases, (leases) => {
-              const id = heldId(spec)
-              const without = (map: HashMap.HashMap<string, ReadonlyArray<Held>>) =>
-                Option.match(HashMap.get(map, id), {
-                  onNone: () => map,
-                  onSome: (helds) => {
-                    const rest = helds.filter((h) => h !== record && isLive(h))
-                    return rest.length === 0 ? HashMap.remove(map, id) : HashMap.set(map, id, rest)
-                  }
-                })
-              return { all: without(leases.all), taken: without(leases.taken) }
-            })
-          )
-          : Effect.void
-        // a lost hold was released when it was lost
-        return Effect.zipRight(stop, record.dead ? Effect.void : release(spec, record, count))
-      })
-    )
-    return {
+): Effect.Effect<Grant> => {
+  const bind = (record: Held): Grant => {
+    if (spec.mode === "exclusive") record.counts.exclusive = request.count
+    else record.counts.shared = request.count
+    const lease: Lease & { readonly [heldOf]: Held } = {
       key: spec.key,
       holder: request.holder,
       mode: spec.mode,
       permits: request.permits,
       fence,
       expiresIn: record.expiresIn,
-      lost: record.lost
+      lost: record.lost,
+      [heldOf]: record
     }
+    let closed = false
+    const close = Effect.suspend(() => {
+      if (closed) return Effect.void
+      closed = true
+      return closeLease(spec, record)
+    })
+    return { lease, close }
+  }
+  if (found !== undefined && isLive(found)) {
+    found.leases++
+    return Effect.succeed(bind(found))
+  }
+  return Effect.flatMap(startHeld(spec, request, fence, sentAt), (held) =>
+    Effect.as(
+      FiberRef.update(heldLeases, (leases) => ({ all: addHeld(leases.all, held), taken: addHeld(leases.taken, held) })),
+      bind(held)
+    ))
+}
+
+/**
+ * One lease of `record` closes: its hold is released (unless the hold was lost, which released
+ * it); the last one ends the record, which the keeper and the fiber forget.
+ */
+const closeLease = (spec: LockSpec, record: Held): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    record.leases--
+    const count = countIn(record, spec.mode)
+    if (spec.mode === "exclusive") record.counts.exclusive = Math.max(0, count - 1)
+    else record.counts.shared = Math.max(0, count - 1)
+    const released = record.dead ? Effect.void : release(spec, record, count)
+    if (record.leases > 0) return released
+    record.stop()
+    return Effect.zipRight(
+      FiberRef.update(heldLeases, (leases) => ({
+        all: leases.all.filter((h) => h !== record && isLive(h)),
+        taken: leases.taken.filter((h) => h !== record && isLive(h))
+      })),
+      released
+    )
   })
 
 /**
@@ -372,37 +468,38 @@ const release = (spec: LockSpec, record: Held, count: number): Effect.Effect<voi
     Effect.asVoid,
     Effect.catchAll((error) =>
       Effect.logWarning(`lockstep: release of "${spec.key}" by ${record.holder} failed`, error.message)
-    ),
-    Effect.withSpan("lockstep.release", { attributes: { key: spec.key, mode: spec.mode } })
+    )
   )
 
-/** Longest single sleep: Effect's clock never fires a timer set further out than 2^31 - 1 ms. */
-export const maxSleepMs = 2 ** 31 - 1
-
 /**
- * Time given away on every local deadline: the backend's clock may run faster than ours, and a
- * timer may fire late. 1% of the lease plus 5 ms, as Redisson's RedLock allows for clock drift.
- */
-export const driftMs = (leaseMs: number) => Math.floor(leaseMs / 100) + 5
-
-/**
- * Starts a holder's record. Two fibers run in the record's own scope: a timer that fails `lost`
- * when the local deadline passes unconfirmed, and (without a fixed lease) the watchdog, which
- * renews every watchdog / 3, moves the deadline on each confirmed renewal, and fails `lost` when
- * a renewal reports the hold gone. Any other failure of a renewal, a defect included, is retried
- * until the deadline decides. Once lost, the hold is dead: the watchdog stops and what may be
- * left of the hold on the backend is released.
+ * Starts a holder's record and hands it to the backend's keeper, which fails `lost` when the
+ * local deadline passes unconfirmed and (without a fixed lease) renews the hold every watchdog / 3,
+ * moving the deadline on each confirmed renewal and failing `lost` when a renewal reports the hold
+ * gone. Any other failure of a renewal is retried until the deadline decides. Once lost, the hold
+ * is dead: the keeper forgets it, the bodies running under it are interrupted and what may be
+ * left of it on the backend is released.
  */
 const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentAt: number): Effect.Effect<Held> =>
-  Effect.gen(function*() {
-    const lost = yield* Deferred.make<never, LockLost>()
-    // measured from before the granted request was sent, less the drift allowance, so it never
-    // outlasts the backend's expiry
-    let deadline = sentAt + request.leaseMs - driftMs(request.leaseMs)
-    const expiresIn = Effect.map(monotonicMillis, (now) => Duration.millis(Math.max(0, deadline - now)))
-    const scope = yield* Scope.make()
-    let watchdogFiber: Fiber.RuntimeFiber<void> | undefined
+  Effect.suspend(() => {
+    const lost = Deferred.unsafeMake<never, LockLost>(FiberId.none)
+    const keeper = keeperOf(spec.backend)
+    const entry: Entry = {
+      key: spec.key,
+      holder: request.holder,
+      watchdogMs: spec.leaseMs === undefined ? spec.watchdogMs : undefined,
+      // measured from before the granted request was sent, less the drift allowance, so it never
+      // outlasts the backend's expiry
+      deadline: sentAt + request.leaseMs - driftMs(request.leaseMs),
+      confirmedAt: sentAt,
+      attemptedAt: -Infinity,
+      renewing: false,
+      done: false,
+      stamp: 0,
+      onLost: (reason) => held.lose(reason)
+    }
     const held: Held = {
+      backend: spec.backend,
+      key: spec.key,
       holder: request.holder,
       reentrant: spec.reentrant,
       fence,
@@ -411,69 +508,29 @@ const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentA
       limit: spec.limit,
       leaseMs: request.leaseMs,
       lost: Deferred.await(lost),
-      expiresIn,
-      scope,
+      expiresIn: Effect.map(monotonicMillis, (now) => Duration.millis(Math.max(0, entry.deadline - now))),
       leases: 1,
       dead: false,
+      bodies: new Set(),
+      stop: () => keeper.remove(entry),
       lose: (reason) =>
         Effect.uninterruptible(Effect.suspend(() => {
           if (held.dead) return Effect.void
           held.dead = true
+          keeper.remove(entry)
           const remnant = (["exclusive", "shared"] as const).filter((mode) => countIn(held, mode) > 0)
-          return Effect.zipRight(
-            Deferred.fail(lost, new LockLost({ key: spec.key, holder: request.holder, reason })),
-            Effect.zipRight(
-              watchdogFiber === undefined ? Effect.void : Fiber.interruptFork(watchdogFiber),
-              // a release from count 1 ends the holder whatever its count was
-              Effect.forEach(remnant, (mode) =>
-                Effect.ignore(spec.backend.release({
-                  key: spec.key,
-                  holder: request.holder,
-                  mode,
-                  count: 1,
-                  leaseMs: request.leaseMs
-                })), { discard: true })
-            )
-          )
+          Deferred.unsafeDone(lost, Effect.fail(new LockLost({ key: spec.key, holder: request.holder, reason })))
+          for (const body of held.bodies) body.unsafeInterruptAsFork(FiberId.none)
+          // a release from count 1 ends the holder whatever its count was
+          return Effect.forEach(remnant, (mode) =>
+            Effect.ignore(spec.backend.release({
+              key: spec.key,
+              holder: request.holder,
+              mode,
+              count: 1,
+              leaseMs: request.leaseMs
+            })), { discard: true })
         }))
     }
-    const sleepUntil = (at: number) =>
-      Effect.flatMap(monotonicMillis, (now) => Effect.sleep(Duration.millis(Math.min(maxSleepMs, Math.max(0, at - now)))))
-
-    const timer = Effect.gen(function*() {
-      while ((yield* monotonicMillis) < deadline) yield* sleepUntil(deadline)
-      yield* held.lose("DeadlinePassed")
-    })
-    const watchdog = Effect.gen(function*() {
-      const intervalMs = spec.watchdogMs / 3
-      // renewals fall on a grid shared by all leases with this watchdog, so a backend that
-      // batches concurrent renewals sees them together
-      const quantum = intervalMs / 4
-      let confirmedAt = sentAt
-      let attemptedAt = -Infinity
-      while (!held.dead) {
-        let next = Math.ceil((confirmedAt + intervalMs * 0.75) / quantum) * quantum
-        // after a failed renewal, try again at the next grid point, never in a tight loop
-        while (next <= attemptedAt) next += quantum
-        yield* sleepUntil(next)
-        if (held.dead) return
-        attemptedAt = yield* monotonicMillis
-        const renewed = yield* spec.backend.renew([{ key: spec.key, holder: request.holder, leaseMs: spec.watchdogMs }])
-          .pipe(
-            Effect.map((results) => Option.flatMap(Option.fromNullable(results[0]), Either.getRight)),
-            Effect.catchAllCause(() => Effect.succeed(Option.none<boolean>()))
-          )
-        // a renewal that arrives after the deadline passed must not bring the lease back
-        if (held.dead) return
-        if (Option.isSome(renewed) && !renewed.value) return yield* held.lose("NotHeld")
-        if (Option.isSome(renewed)) {
-          confirmedAt = attemptedAt
-          deadline = Math.max(deadline, attemptedAt + spec.watchdogMs - driftMs(spec.watchdogMs))
-        }
-      }
-    })
-    // forked from an uninterruptible region: both must stay interruptible so the scope can close
-    yield* Effect.forkIn(Effect.interruptible(timer), scope)
-    if (spec.leaseMs === undefined) watchdogFiber = yield* Effect.forkIn(Effect.interruptible(watchdog), scope)
-    return held
+    return Effect.as(keeper.add(entry), held)
   })

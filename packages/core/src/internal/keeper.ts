@@ -1,0 +1,249 @@
+/**
+ * The lease keeper of one backend: a single fiber that watches the local deadline of every live
+ * hold of that backend and renews the watchdog-renewed ones, in batches. A hold costs an entry in
+ * a heap, not a fiber; the keeper's fiber runs only while it has entries (started by the first,
+ * ended after the last), on the clock of the fiber that started it (so TestClock drives it).
+ */
+import { Clock, Duration, Effect, Either, FiberId, GlobalValue } from "effect"
+import type { Fiber } from "effect"
+import type { Service } from "../LockBackend.js"
+
+/** A hold as the keeper sees it. All times are monotonic milliseconds. */
+export interface Entry {
+  readonly key: string
+  readonly holder: string
+  /** The watchdog period, or `undefined` for a fixed lease (never renewed). */
+  readonly watchdogMs: number | undefined
+  /** The local deadline: past it unconfirmed, the hold is lost. */
+  deadline: number
+  /** When the last confirmed renewal (or the grant) was sent. */
+  confirmedAt: number
+  /** When the last renewal was sent (-Infinity before any). */
+  attemptedAt: number
+  /** Set while a renewal of this hold is in flight. */
+  renewing: boolean
+  /** Set once the keeper must forget the hold (released or lost). */
+  done: boolean
+  /** Bumped on every rescheduling: a heap slot with an older stamp is stale. */
+  stamp: number
+  /** Called once, from the keeper, when the deadline passes or a renewal says the hold is gone. */
+  readonly onLost: (reason: "DeadlinePassed" | "NotHeld") => Effect.Effect<void>
+}
+
+/** Monotonic milliseconds from Effect's Clock (hrtime-based live, driven by TestClock in tests). */
+export const monotonicMillis = Effect.map(Clock.currentTimeNanos, (nanos) => Number(nanos) / 1_000_000)
+
+/**
+ * Time given away on every local deadline: the backend's clock may run faster than ours, and a
+ * timer may fire late. 1% of the lease plus 5 ms, as Redisson's RedLock allows for clock drift.
+ */
+export const driftMs = (leaseMs: number) => Math.floor(leaseMs / 100) + 5
+
+/** Longest single sleep: Effect's clock never fires a timer set further out than 2^31 - 1 ms. */
+export const maxSleepMs = 2 ** 31 - 1
+
+/** When `entry` next needs the keeper: its deadline, or its renewal if that comes first. */
+const dueAt = (entry: Entry): number => {
+  if (entry.watchdogMs === undefined || entry.renewing) return entry.deadline
+  const intervalMs = entry.watchdogMs / 3
+  // renewals fall on a grid shared by all holds with this watchdog, so they leave together
+  const quantum = intervalMs / 4
+  let next = Math.ceil((entry.confirmedAt + intervalMs * 0.75) / quantum) * quantum
+  // after a failed renewal, try again at the next grid point, never in a tight loop
+  while (next <= entry.attemptedAt) next += quantum
+  return Math.min(next, entry.deadline)
+}
+
+interface Slot {
+  readonly at: number
+  readonly entry: Entry
+  readonly stamp: number
+}
+
+/** A binary min-heap of slots by time. */
+class Heap {
+  private readonly slots: Array<Slot> = []
+  get size() {
+    return this.slots.length
+  }
+  peek(): Slot | undefined {
+    return this.slots[0]
+  }
+  push(slot: Slot) {
+    const slots = this.slots
+    slots.push(slot)
+    let i = slots.length - 1
+    while (i > 0) {
+      const parent = (i - 1) >> 1
+      if (slots[parent]!.at <= slot.at) break
+      slots[i] = slots[parent]!
+      i = parent
+    }
+    slots[i] = slot
+  }
+  pop(): Slot | undefined {
+    const slots = this.slots
+    const top = slots[0]
+    const last = slots.pop()
+    if (top === undefined || last === undefined || slots.length === 0) return top
+    let i = 0
+    while (true) {
+      const left = 2 * i + 1
+      if (left >= slots.length) break
+      const right = left + 1
+      const child = right < slots.length && slots[right]!.at < slots[left]!.at ? right : left
+      if (slots[child]!.at >= last.at) break
+      slots[i] = slots[child]!
+      i = child
+    }
+    slots[i] = last
+    return top
+  }
+}
+
+/** The keeper of one backend. */
+export interface Keeper {
+  /** Starts watching `entry` (and the keeper's fiber, if it is not running). */
+  readonly add: (entry: Entry) => Effect.Effect<void>
+  /** Forgets `entry`: no more renewals, no deadline. */
+  readonly remove: (entry: Entry) => void
+}
+
+const keepers = GlobalValue.globalValue(
+  Symbol.for("@lockstep/core/keepers"),
+  () => new WeakMap<Service, Keeper>()
+)
+
+/** The keeper of `backend` (one per backend instance). */
+export const keeperOf = (backend: Service): Keeper => {
+  let keeper = keepers.get(backend)
+  if (keeper === undefined) {
+    keeper = makeKeeper(backend)
+    keepers.set(backend, keeper)
+  }
+  return keeper
+}
+
+const makeKeeper = (backend: Service): Keeper => {
+  const heap = new Heap()
+  let live = 0
+  /** Whether a loop fiber exists (running, or sleeping in `sleeper`). */
+  let running = false
+  /** The loop fiber while it sleeps, and until when. */
+  let sleeper: Fiber.RuntimeFiber<unknown, unknown> | undefined
+  let sleepingUntil = Infinity
+  /** Bumped when a loop is replaced: an older loop stops and leaves the state alone. */
+  let generation = 0
+
+  const schedule = (entry: Entry): number => {
+    entry.stamp++
+    const at = dueAt(entry)
+    heap.push({ at, entry, stamp: entry.stamp })
+    return at
+  }
+
+  /**
+   * Something is due before the sleeping loop would look again: replace it. (The loop sleeps in a
+   * plain `Effect.sleep` taken right after reading the clock: a race against a wake-up signal
+   * would fork fibers, and a TestClock moved in between would be read late.)
+   */
+  const wakeAt = (at: number): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      if (sleeper === undefined || at >= sleepingUntil) return Effect.void
+      const old = sleeper
+      sleeper = undefined
+      sleepingUntil = Infinity
+      generation++
+      old.unsafeInterruptAsFork(FiberId.none)
+      return Effect.asVoid(Effect.forkDaemon(loop(generation)))
+    })
+
+  const renew = (batch: ReadonlyArray<Entry>, sentAt: number) =>
+    backend.renew(batch.map((entry) => ({ key: entry.key, holder: entry.holder, leaseMs: entry.watchdogMs! }))).pipe(
+      Effect.either,
+      Effect.flatMap((answers) => {
+        let earliest = Infinity
+        return Effect.zipRight(
+          Effect.forEach(batch, (entry, i) => {
+            entry.renewing = false
+            // a renewal that arrives after the deadline passed must not bring the hold back
+            if (entry.done) return Effect.void
+            const answer = Either.isLeft(answers) ? undefined : answers.right[i]
+            if (answer !== undefined && Either.isRight(answer)) {
+              if (!answer.right) return entry.onLost("NotHeld")
+              entry.confirmedAt = sentAt
+              entry.deadline = Math.max(entry.deadline, sentAt + entry.watchdogMs! - driftMs(entry.watchdogMs!))
+            }
+            // any other failure is retried at the next grid point, until the deadline decides
+            earliest = Math.min(earliest, schedule(entry))
+            return Effect.void
+          }, { discard: true }),
+          Effect.suspend(() => wakeAt(earliest))
+        )
+      })
+    )
+
+  const isStale = (slot: Slot) => slot.entry.done || slot.stamp !== slot.entry.stamp
+
+  const loop = (self: number): Effect.Effect<void> =>
+    Effect.gen(function*() {
+      while (live > 0 && self === generation) {
+        const now = yield* monotonicMillis
+        const batch: Array<Entry> = []
+        while (heap.size > 0 && heap.peek()!.at <= now) {
+          const slot = heap.pop()!
+          if (isStale(slot)) continue
+          const entry = slot.entry
+          if (now >= entry.deadline) {
+            // forked: a lost hold's release must not hold up the others' deadlines
+            yield* Effect.forkDaemon(entry.onLost("DeadlinePassed"))
+            continue
+          }
+          entry.renewing = true
+          entry.attemptedAt = now
+          schedule(entry)
+          batch.push(entry)
+        }
+        // forked: deadlines keep being watched while a renewal is in flight
+        if (batch.length > 0) yield* Effect.forkDaemon(renew(batch, now))
+        // stale slots at the top would wake the loop for nothing
+        while (heap.size > 0 && isStale(heap.peek()!)) heap.pop()
+        if (live === 0 || self !== generation) break
+        const next = heap.size > 0 ? heap.peek()!.at : Infinity
+        yield* Effect.withFiberRuntime((fiber) => {
+          sleeper = fiber
+          sleepingUntil = next
+          return Effect.void
+        })
+        yield* Effect.sleep(Duration.millis(Math.min(maxSleepMs, Math.max(0, next - now))))
+        sleeper = undefined
+        sleepingUntil = Infinity
+      }
+    }).pipe(Effect.ensuring(Effect.sync(() => {
+      if (self !== generation) return
+      running = false
+      sleeper = undefined
+      sleepingUntil = Infinity
+    })))
+
+  return {
+    add: (entry) =>
+      Effect.suspend(() => {
+        live++
+        const at = schedule(entry)
+        if (!running) {
+          running = true
+          generation++
+          return Effect.asVoid(Effect.forkDaemon(loop(generation)))
+        }
+        return wakeAt(at)
+      }),
+    remove: (entry) => {
+      if (entry.done) return
+      entry.done = true
+      // the loop is left to its sleep: it ends there if nothing came since, and a hold taken
+      // meanwhile (a lock taken again and again) needs no new fiber
+      live--
+    }
+  }
+}
