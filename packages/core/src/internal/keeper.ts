@@ -24,8 +24,9 @@ export interface Entry {
   renewing: boolean
   /** Set once the keeper must forget the hold (released or lost). */
   done: boolean
-  /** Bumped on every rescheduling: a heap slot with an older stamp is stale. */
-  stamp: number
+  /** When the keeper looks at it next, and where it sits in the keeper's heap (-1: not there). */
+  at: number
+  index: number
   /** Called once, from the keeper, when the deadline passes or a renewal says the hold is gone. */
   readonly onLost: (reason: "DeadlinePassed" | "NotHeld") => Effect.Effect<void>
 }
@@ -54,50 +55,70 @@ const dueAt = (entry: Entry): number => {
   return Math.min(next, entry.deadline)
 }
 
-interface Slot {
-  readonly at: number
-  readonly entry: Entry
-  readonly stamp: number
-}
-
-/** A binary min-heap of slots by time. */
-class Heap {
-  private readonly slots: Array<Slot> = []
+/** A binary min-heap of entries by `at`; each entry knows its index, so it can be moved or removed. */
+export class Heap {
+  private readonly entries: Array<Entry> = []
   get size() {
-    return this.slots.length
+    return this.entries.length
   }
-  peek(): Slot | undefined {
-    return this.slots[0]
+  peek(): Entry | undefined {
+    return this.entries[0]
   }
-  push(slot: Slot) {
-    const slots = this.slots
-    slots.push(slot)
-    let i = slots.length - 1
+  /** Puts `entry` at time `at`, or moves it there if it is in already. */
+  set(entry: Entry, at: number) {
+    if (entry.index < 0) {
+      entry.at = at
+      entry.index = this.entries.length
+      this.entries.push(entry)
+      this.up(entry.index)
+    } else {
+      const earlier = at < entry.at
+      entry.at = at
+      if (earlier) this.up(entry.index)
+      else this.down(entry.index)
+    }
+  }
+  remove(entry: Entry) {
+    const i = entry.index
+    if (i < 0) return
+    entry.index = -1
+    const last = this.entries.pop()!
+    if (last === entry) return
+    this.entries[i] = last
+    last.index = i
+    this.up(i)
+    this.down(last.index)
+  }
+  private up(i: number) {
+    const entries = this.entries
+    const entry = entries[i]!
     while (i > 0) {
       const parent = (i - 1) >> 1
-      if (slots[parent]!.at <= slot.at) break
-      slots[i] = slots[parent]!
+      if (entries[parent]!.at <= entry.at) break
+      const moved = entries[parent]!
+      entries[i] = moved
+      moved.index = i
       i = parent
     }
-    slots[i] = slot
+    entries[i] = entry
+    entry.index = i
   }
-  pop(): Slot | undefined {
-    const slots = this.slots
-    const top = slots[0]
-    const last = slots.pop()
-    if (top === undefined || last === undefined || slots.length === 0) return top
-    let i = 0
+  private down(i: number) {
+    const entries = this.entries
+    const entry = entries[i]!
     while (true) {
       const left = 2 * i + 1
-      if (left >= slots.length) break
+      if (left >= entries.length) break
       const right = left + 1
-      const child = right < slots.length && slots[right]!.at < slots[left]!.at ? right : left
-      if (slots[child]!.at >= last.at) break
-      slots[i] = slots[child]!
+      const child = right < entries.length && entries[right]!.at < entries[left]!.at ? right : left
+      if (entries[child]!.at >= entry.at) break
+      const moved = entries[child]!
+      entries[i] = moved
+      moved.index = i
       i = child
     }
-    slots[i] = last
-    return top
+    entries[i] = entry
+    entry.index = i
   }
 }
 
@@ -136,9 +157,8 @@ const makeKeeper = (backend: Service): Keeper => {
   let generation = 0
 
   const schedule = (entry: Entry): number => {
-    entry.stamp++
     const at = dueAt(entry)
-    heap.push({ at, entry, stamp: entry.stamp })
+    heap.set(entry, at)
     return at
   }
 
@@ -183,18 +203,15 @@ const makeKeeper = (backend: Service): Keeper => {
       })
     )
 
-  const isStale = (slot: Slot) => slot.entry.done || slot.stamp !== slot.entry.stamp
-
   const loop = (self: number): Effect.Effect<void> =>
     Effect.gen(function*() {
       while (live > 0 && self === generation) {
         const now = yield* monotonicMillis
         const batch: Array<Entry> = []
         while (heap.size > 0 && heap.peek()!.at <= now) {
-          const slot = heap.pop()!
-          if (isStale(slot)) continue
-          const entry = slot.entry
+          const entry = heap.peek()!
           if (now >= entry.deadline) {
+            heap.remove(entry)
             // forked: a lost hold's release must not hold up the others' deadlines
             yield* Effect.forkDaemon(entry.onLost("DeadlinePassed"))
             continue
@@ -206,8 +223,6 @@ const makeKeeper = (backend: Service): Keeper => {
         }
         // forked: deadlines keep being watched while a renewal is in flight
         if (batch.length > 0) yield* Effect.forkDaemon(renew(batch, now))
-        // stale slots at the top would wake the loop for nothing
-        while (heap.size > 0 && isStale(heap.peek()!)) heap.pop()
         if (live === 0 || self !== generation) break
         const next = heap.size > 0 ? heap.peek()!.at : Infinity
         yield* Effect.withFiberRuntime((fiber) => {
@@ -241,6 +256,7 @@ const makeKeeper = (backend: Service): Keeper => {
     remove: (entry) => {
       if (entry.done) return
       entry.done = true
+      heap.remove(entry)
       // the loop is left to its sleep: it ends there if nothing came since, and a hold taken
       // meanwhile (a lock taken again and again) needs no new fiber
       live--

@@ -137,20 +137,29 @@ const whileHeld = <A, E, R>(
   restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
 ): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> => {
   const held = (lease as Lease & { readonly [heldOf]: Held })[heldOf]
-  const scoped = Effect.flatMap(Scope.make(), (scope) =>
-    Effect.onExit(
-      Effect.provideService(body, Scope.Scope, scope) as Effect.Effect<A, E, Exclude<R, Scope.Scope>>,
-      (exit) => Scope.close(scope, exit)
-    ))
-  return Effect.withFiberRuntime((parent) =>
-    Effect.flatMap(
-      Effect.fork(restore(Effect.locally(scoped, heldLeases, { all: parent.getFiberRef(heldLeases).all, taken: [] }))),
+  return Effect.flatMap(Scope.make(), (scope) => Effect.withFiberRuntime((parent) => {
+    const holds: HeldLeases = { all: parent.getFiberRef(heldLeases).all, taken: [] }
+    // the body's fiber is new and ends with the body: its refs are set, not scoped
+    const inside = Effect.zipRight(
+      Effect.zipRight(
+        FiberRef.set(heldLeases, holds),
+        FiberRef.update(FiberRef.currentContext, Context.add(Scope.Scope, scope))
+      ),
+      body as Effect.Effect<A, E, Exclude<R, Scope.Scope>>
+    )
+    return Effect.flatMap(
+      Effect.fork(restore(inside)),
       (fiber) => {
         held.bodies.add(fiber)
         if (held.dead) fiber.unsafeInterruptAsFork(FiberId.none)
         return restore(Fiber.await(fiber)).pipe(
           Effect.onInterrupt(() => Fiber.interrupt(fiber)),
-          Effect.ensuring(Effect.sync(() => held.bodies.delete(fiber))),
+          Effect.ensuring(Effect.suspend(() => {
+            held.bodies.delete(fiber)
+            // the body's scoped resources close before the lease does
+            const exit = fiber.unsafePoll()
+            return Scope.close(scope, exit ?? Exit.void)
+          })),
           Effect.flatMap((exit): Effect.Effect<A, E | LockLost> =>
             Exit.isFailure(exit) && held.dead && Cause.isInterruptedOnly(exit.cause)
               ? held.lost
@@ -159,7 +168,7 @@ const whileHeld = <A, E, R>(
         )
       }
     )
-  )
+  }))
 }
 
 const holderCounter = GlobalValue.globalValue(Symbol.for("@lockstep/core/holderCounter"), () => ({ next: 0 }))
@@ -494,7 +503,8 @@ const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentA
       attemptedAt: -Infinity,
       renewing: false,
       done: false,
-      stamp: 0,
+      at: Infinity,
+      index: -1,
       onLost: (reason) => held.lose(reason)
     }
     const held: Held = {

@@ -1,0 +1,123 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Duration, Effect, Either, FastCheck, Fiber, Layer, Option, TestClock } from "effect"
+import { Lock } from "@lockstep/core"
+import { LockBackend } from "@lockstep/core/LockBackend"
+import type { RenewRequest, Service } from "@lockstep/core/LockBackend"
+import { MemoryBackend } from "@lockstep/memory"
+import type { Entry } from "../src/internal/keeper.js"
+import { Heap } from "../src/internal/keeper.js"
+
+const entry = (): Entry => ({
+  key: "k",
+  holder: "h",
+  watchdogMs: undefined,
+  deadline: Infinity,
+  confirmedAt: 0,
+  attemptedAt: -Infinity,
+  renewing: false,
+  done: false,
+  at: Infinity,
+  index: -1,
+  onLost: () => Effect.void
+})
+
+/** The memory backend, counting renewal calls and the leases they carry. */
+const counting = Effect.gen(function*() {
+  const backend = yield* LockBackend
+  const counts = { calls: 0, leases: 0 }
+  const service: Service = {
+    ...backend,
+    renew: (requests: ReadonlyArray<RenewRequest>) =>
+      Effect.suspend(() => {
+        counts.calls++
+        counts.leases += requests.length
+        return backend.renew(requests)
+      })
+  }
+  return { counts, layer: Layer.succeed(LockBackend, service) }
+}).pipe(Effect.provide(MemoryBackend.layer))
+
+describe("the lease keeper", () => {
+  it("its heap always yields the earliest entry, through moves and removals", () =>
+    FastCheck.assert(
+      FastCheck.property(
+        FastCheck.array(
+          FastCheck.oneof(
+            FastCheck.record({ op: FastCheck.constant("set" as const), slot: FastCheck.nat(15), at: FastCheck.integer({ min: 0, max: 1000 }) }),
+            FastCheck.record({ op: FastCheck.constant("remove" as const), slot: FastCheck.nat(15) })
+          ),
+          { maxLength: 200 }
+        ),
+        (ops) => {
+          const heap = new Heap()
+          const entries = Array.from({ length: 16 }, entry)
+          const inHeap = new Set<Entry>()
+          for (const op of ops) {
+            const target = entries[op.slot]!
+            if (op.op === "set") {
+              heap.set(target, op.at)
+              inHeap.add(target)
+            } else {
+              heap.remove(target)
+              inHeap.delete(target)
+            }
+            assert.strictEqual(heap.size, inHeap.size)
+            const earliest = Math.min(...[...inHeap].map((e) => e.at))
+            assert.strictEqual(heap.peek()?.at ?? Infinity, earliest)
+            for (const e of entries) assert.strictEqual(e.index >= 0, inHeap.has(e))
+          }
+        }
+      )
+    ))
+
+  it.scoped("1,000 leases with one watchdog are renewed together, in a few backend calls, and none is lost", () =>
+    Effect.gen(function*() {
+      const { counts, layer } = yield* counting
+      const leases = 1_000
+      const watchdog = Duration.seconds(3)
+      const holders = yield* Effect.forEach(
+        Array.from({ length: leases }, (_, i) => i),
+        (i) =>
+          Effect.fork(Effect.gen(function*() {
+            const lock = yield* Lock.make(`keeper:${i}`, { watchdog })
+            yield* Lock.withLock(Effect.never, lock)
+          }).pipe(Effect.provide(layer))),
+        { concurrency: "unbounded" }
+      )
+      yield* Effect.repeatN(Effect.yieldNow(), 100)
+      // ten watchdog periods: every lease renewed about thirty times
+      for (let step = 0; step < 40; step++) yield* TestClock.adjust(Duration.millis(750))
+      yield* Effect.repeatN(Effect.yieldNow(), 100)
+      for (const holder of holders) assert.isTrue(Option.isNone(yield* Fiber.poll(holder)), "a lease ended")
+      assert.isAtLeast(counts.leases, leases * 30)
+      // one call per renewal round, not one per lease
+      assert.isAtMost(counts.calls, 60, JSON.stringify(counts))
+      yield* Effect.forEach(holders, Fiber.interrupt, { discard: true })
+    }))
+
+  it.scoped("a lease whose renewals fail is lost at its deadline while the others are kept", () =>
+    Effect.gen(function*() {
+      const backend = yield* Effect.provide(LockBackend, MemoryBackend.layer)
+      const failing: Service = {
+        ...backend,
+        renew: (requests: ReadonlyArray<RenewRequest>) =>
+          Effect.map(backend.renew(requests), (results) =>
+            results.map((result, i) => (requests[i]!.key === "keeper:bad" ? Either.right(false) : result)))
+      }
+      const layer = Layer.succeed(LockBackend, failing)
+      const run = (key: string) =>
+        Effect.fork(Effect.provide(
+          Effect.flatMap(Lock.make(key, { watchdog: Duration.seconds(3) }), (lock) => Lock.withLock(Effect.never, lock)),
+          layer
+        ))
+      const good = yield* run("keeper:good")
+      const bad = yield* run("keeper:bad")
+      yield* Effect.repeatN(Effect.yieldNow(), 50)
+      for (let step = 0; step < 8; step++) yield* TestClock.adjust(Duration.millis(750))
+      yield* Effect.repeatN(Effect.yieldNow(), 50)
+      const badExit = yield* Fiber.poll(bad)
+      assert.isTrue(Option.isSome(badExit), "the lease whose renewal said 'not held' was not lost")
+      assert.isTrue(Option.isNone(yield* Fiber.poll(good)), "the healthy lease was lost")
+      yield* Fiber.interrupt(good)
+    }))
+})
