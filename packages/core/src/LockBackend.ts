@@ -363,8 +363,9 @@ export interface Service {
   /** Releases one hold; succeeds with the holder's remaining count for that mode. */
   readonly release: (request: ReleaseRequest) => Effect.Effect<number, BackendError | NotHeld>
   /**
-   * Renews many leases at once; one result per request. Fails only when the whole batch failed
-   * (the connection, say); an error that concerns one lease is that lease's result.
+   * Renews many leases at once (the lock API sends every lease that is due in one call); one
+   * result per request. Fails only when the whole batch failed (the connection, say); an error
+   * that concerns one lease is that lease's result.
    */
   readonly renew: (requests: ReadonlyArray<RenewRequest>) => Effect.Effect<ReadonlyArray<RenewResult>, BackendError>
   readonly inspect: (key: string) => Effect.Effect<KeyState, BackendError>
