@@ -86,7 +86,7 @@ const fifoMutex = { id: "baseline-fifo-mutex", name: "baseline: in-process FIFO 
 
 export const run = (env: Env) =>
   Effect.gen(function*() {
-    const windowMs = env.smoke ? 750 : 3000
+    const windowMs = env.smoke ? 500 : 3000
     const semaphore = yield* Effect.makeSemaphore(1)
     const fifo: Locker = { withLock: (body) => semaphore.withPermits(1)(body) }
     const all: ReadonlyArray<{ readonly id: string; readonly name: string; readonly lockers: ReadonlyArray<Locker> }> = [

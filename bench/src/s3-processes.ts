@@ -67,7 +67,7 @@ const spawnWorker: Effect.Effect<ChildProcess, WorkerError, Scope.Scope> = Effec
 
 export const run = (env: Env) =>
   Effect.gen(function*() {
-    const windowMs = env.smoke ? 750 : 3000
+    const windowMs = env.smoke ? 500 : 3000
     const spawnStarted = now()
     const children = yield* Effect.forEach(Array.from({ length: workers }), () => spawnWorker, { concurrency: "unbounded" })
     const spawnMs = now() - spawnStarted

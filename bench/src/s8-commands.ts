@@ -28,6 +28,8 @@ interface Monitored {
   readonly luaCallsPerCycle: number
   /** Commands sent by clients, per cycle, by name. */
   readonly sent: Record<string, number>
+  /** Commands run inside scripts, per cycle, by name. */
+  readonly inScripts: Record<string, number>
 }
 
 /** Runs `cycles` cycles under MONITOR and counts what clients sent and what scripts ran. */
@@ -35,14 +37,16 @@ const monitored = (admin: Redis, locker: Locker, cycles: number): Effect.Effect<
   Effect.gen(function*() {
     const monitor = yield* Effect.promise(() => admin.monitor())
     const sent: Record<string, number> = {}
+    const inScripts: Record<string, number> = {}
     let lua = 0
     let top = 0
     monitor.on("monitor", (_time: string, args: ReadonlyArray<string>, source: string) => {
+      const name = (args[0] ?? "?").toLowerCase()
       if (source === "lua") {
         lua++
+        inScripts[name] = (inScripts[name] ?? 0) + 1
       } else {
         top++
-        const name = (args[0] ?? "?").toLowerCase()
         sent[name] = (sent[name] ?? 0) + 1
       }
     })
@@ -50,9 +54,14 @@ const monitored = (admin: Redis, locker: Locker, cycles: number): Effect.Effect<
     // let the last lines arrive
     yield* Effect.promise(() => sleep(100))
     monitor.disconnect()
-    const perCycle: Record<string, number> = {}
-    for (const [name, count] of Object.entries(sent)) perCycle[name] = count / cycles
-    return { roundTripsPerCycle: top / cycles, luaCallsPerCycle: lua / cycles, sent: perCycle }
+    const perCycle = (counts: Record<string, number>) =>
+      Object.fromEntries(Object.entries(counts).map(([name, count]) => [name, count / cycles]))
+    return {
+      roundTripsPerCycle: top / cycles,
+      luaCallsPerCycle: lua / cycles,
+      sent: perCycle(sent),
+      inScripts: perCycle(inScripts)
+    }
   })
 
 /** Runs `cycles` cycles between CONFIG RESETSTAT and INFO commandstats. */
@@ -88,6 +97,7 @@ export const run = (env: Env) =>
       roundTripsPerCycle: monitoredResults[i]!.roundTripsPerCycle,
       sentPerCycle: monitoredResults[i]!.sent,
       luaCallsPerCycle: monitoredResults[i]!.luaCallsPerCycle,
+      inScriptsPerCycle: monitoredResults[i]!.inScripts,
       commandsPerCycle: median(samples[i]!.map((s) => s.commandsPerCycle)),
       scriptUsecPerCycle: median(samples[i]!.map((s) => s.scriptUsecPerCycle))
     }))
@@ -104,7 +114,12 @@ export const run = (env: Env) =>
       ]),
       [
         "round trips / sent / in-script calls: from MONITOR; commands executed (scripts and the calls inside them) and",
-        "script time (cmdstat eval+evalsha usec, nested calls included) per cycle: from INFO commandstats"
+        "script time (cmdstat eval+evalsha usec, nested calls included) per cycle: from INFO commandstats",
+        ...rows.filter((r) => r.side === "lockstep-lock").map((r) =>
+          `lockstep's in-script calls per cycle: ${
+            Object.entries(r.inScriptsPerCycle).sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${fmt(v, 2)}`).join(", ")
+          }`
+        )
       ]
     )
     return { cycles, rounds: env.rounds, rows }
