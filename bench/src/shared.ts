@@ -23,9 +23,10 @@ export interface Env {
 
 export const now = (): number => performance.now()
 
+/** The median of the defined values (NaN ones are left out: a round that could not measure it). */
 export const median = (values: ReadonlyArray<number>): number => {
-  if (values.length === 0) return NaN
-  const sorted = [...values].sort((a, b) => a - b)
+  const sorted = values.filter((v) => !Number.isNaN(v)).sort((a, b) => a - b)
+  if (sorted.length === 0) return NaN
   const mid = Math.floor(sorted.length / 2)
   return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
 }
