@@ -103,7 +103,7 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
 Effect.runPromise(Fiber.await(fiber)).then(
   (exit) => {
     if (Exit.isFailure(exit)) {
-      console.error(`bench failed:\n${Cause.pretty(exit.cause)}`)
+      console.error(Cause.isInterruptedOnly(exit.cause) ? "bench interrupted" : `bench failed:\n${Cause.pretty(exit.cause)}`)
       process.exit(1)
     }
     // peers may leave timers or sockets behind: do not wait for them
