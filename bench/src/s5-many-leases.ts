@@ -7,6 +7,7 @@
  * The acquisitions are let in `inFlight` at a time (the leases stay held), so that the figures
  * are about holding many leases rather than about a burst of N simultaneous acquisitions.
  */
+import { monitorEventLoopDelay } from "node:perf_hooks"
 import { Deferred, Duration, Effect, Fiber, Layer } from "effect"
 import { Lock } from "@lockstep/core"
 import { RedisBackend } from "@lockstep/redis"
@@ -51,6 +52,9 @@ export const run = (env: Env) =>
       const gate = yield* Effect.makeSemaphore(inFlight)
       const release = yield* Deferred.make<void>()
       const failures: Failures = {}
+      // how late the event loop runs: a stall longer than the renewal slack loses leases
+      const loopDelay = monitorEventLoopDelay({ resolution: 20 })
+      loopDelay.enable()
       let inBody = 0
       let ended = 0
       const acquireStarted = now()
@@ -81,6 +85,8 @@ export const run = (env: Env) =>
       const acquireMs = now() - acquireStarted
       const failedBeforeHold = { ...failures }
       const heldAtStart = inBody
+      const acquireMaxLoopDelayMs = loopDelay.max / 1e6
+      loopDelay.reset()
 
       // the hold: only renewals run now (no forced GC here: a full collection of this heap pauses
       // the process for long enough to let leases pass their deadline)
@@ -99,6 +105,8 @@ export const run = (env: Env) =>
       // what the server says: a lock's hash exists while it is held
       const serverHeldAtEnd = yield* Effect.promise(() => env.admin.exists(locks.map((lock) => lock.key)))
       const heldAtEnd = inBody
+      const holdMaxLoopDelayMs = loopDelay.max / 1e6
+      loopDelay.disable()
 
       // the heap with the leases still held, after a full collection (timed: it stops the process)
       const gcStarted = now()
@@ -119,6 +127,8 @@ export const run = (env: Env) =>
         failedDuringHold,
         lostDuringHold: countFailures(failedDuringHold, "LockLost"),
         acquireMs,
+        acquireMaxLoopDelayMs,
+        holdMaxLoopDelayMs,
         releaseMs,
         clientCpuShare: clientCpuMs / holdWall,
         // each held lease is renewed once per period
@@ -149,6 +159,8 @@ export const run = (env: Env) =>
       failedBeforeHold: mergeFailures(rounds.map((r) => r.failedBeforeHold)),
       failedDuringHold: mergeFailures(rounds.map((r) => r.failedDuringHold)),
       acquireMs: m((r) => r.acquireMs),
+      acquireMaxLoopDelayMs: m((r) => r.acquireMaxLoopDelayMs),
+      holdMaxLoopDelayMs: m((r) => r.holdMaxLoopDelayMs),
       releaseMs: m((r) => r.releaseMs),
       clientCpuShare: m((r) => r.clientCpuShare),
       clientCpuUsPerRenewal: m((r) => r.clientCpuUsPerRenewal),
@@ -171,6 +183,8 @@ export const run = (env: Env) =>
         ["failures while acquiring (all rounds)", describeFailures(summary.failedBeforeHold)],
         ["failures during the hold (all rounds)", describeFailures(summary.failedDuringHold)],
         ["time to acquire all, ms", fmt(summary.acquireMs)],
+        ["longest event-loop stall while acquiring, ms", fmt(summary.acquireMaxLoopDelayMs)],
+        ["longest event-loop stall during the hold, ms", fmt(summary.holdMaxLoopDelayMs)],
         ["time to release all, ms", fmt(summary.releaseMs)],
         ["client CPU while holding, % of one core", fmt(summary.clientCpuShare * 100, 1)],
         ["client CPU per lease renewal, us (leases held on average x periods)", fmt(summary.clientCpuUsPerRenewal, 1)],
