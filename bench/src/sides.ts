@@ -1,0 +1,130 @@
+/**
+ * The implementations under test ("sides"), each opened as one worker's `Locker` on one key
+ * through its own ioredis connection (and its own backend / lock instance). Peers run with their
+ * default retry settings, except that they wait as long as it takes (no acquire timeout).
+ */
+import type { Scope } from "effect"
+import { Effect, Layer } from "effect"
+import { DistributedSemaphore, RedisBacking } from "effect-distributed-lock"
+import { Mutex } from "redis-semaphore"
+import Redlock from "redlock"
+import { FairLock, Lock } from "@lockstep/core"
+import { RedisBackend } from "@lockstep/redis"
+import type { Locker } from "./shared.js"
+import { connect, promiseLocker } from "./shared.js"
+
+export type SideId =
+  | "baseline-evalsha"
+  | "lockstep-lock"
+  | "lockstep-fairlock"
+  | "redlock"
+  | "redis-semaphore"
+  | "effect-distributed-lock"
+  | "effect-distributed-lock-poll"
+
+export interface Side {
+  readonly id: SideId
+  readonly name: string
+  readonly open: (url: string, key: string) => Effect.Effect<Locker, never, Scope.Scope>
+}
+
+/** Not a lock: two EVALSHA round trips of `return 1` per cycle, the floor for a script-based lock. */
+const baselineEvalsha: Side = {
+  id: "baseline-evalsha",
+  name: "baseline: 2 x EVALSHA 'return 1'",
+  open: (url) =>
+    Effect.gen(function*() {
+      const client = yield* connect(url)
+      const sha = String(yield* Effect.promise(() => client.script("LOAD", "return 1")))
+      const call = () => client.evalsha(sha, 0)
+      return promiseLocker(async () => {
+        await call()
+        return async () => {
+          await call()
+        }
+      })
+    })
+}
+
+/** lockstep on the Redis backend (`RedisBackend.layer` on the worker's own client), default options. */
+const lockstep = (id: SideId, name: string, make: typeof Lock.make): Side => ({
+  id,
+  name,
+  open: (url, key) =>
+    Effect.gen(function*() {
+      const client = yield* connect(url)
+      const context = yield* Layer.build(RedisBackend.layer({ client }))
+      const lock = yield* Effect.orDie(Effect.provide(make(key), context))
+      return { withLock: <A, E>(body: Effect.Effect<A, E>) => Lock.withLock(body, lock) }
+    })
+})
+
+const lockstepLock = lockstep("lockstep-lock", "lockstep Lock", Lock.make)
+const lockstepFairLock = lockstep("lockstep-fairlock", "lockstep FairLock", FairLock.make)
+
+/** redlock 4 on one server, retrying forever at its default 200 ms ± 100 ms. */
+const redlock: Side = {
+  id: "redlock",
+  name: "redlock 4.2.0 (retry 200±100 ms)",
+  open: (url, key) =>
+    Effect.map(connect(url), (client) => {
+      const redlock = new Redlock([client], { retryCount: -1 })
+      return promiseLocker(async () => {
+        const lock = await redlock.lock(key, 10_000)
+        return () => lock.unlock()
+      })
+    })
+}
+
+/** redis-semaphore's Mutex (SET NX PX, polling every 10 ms by default), no acquire timeout. */
+const redisSemaphore: Side = {
+  id: "redis-semaphore",
+  name: "redis-semaphore Mutex (retry 10 ms)",
+  open: (url, key) =>
+    Effect.map(connect(url), (client) => {
+      const mutex = new Mutex(client, key, {
+        acquireTimeout: 3_600_000,
+        onLockLost: (error) => console.error(`redis-semaphore: ${error.message}`)
+      })
+      return promiseLocker(async () => {
+        await mutex.acquire()
+        return () => mutex.release()
+      })
+    })
+}
+
+/** effect-distributed-lock: a semaphore with limit 1, `withPermits(1)`. */
+const effectDistributedLock = (id: SideId, name: string, pushBasedAcquireEnabled: boolean): Side => ({
+  id,
+  name,
+  open: (url, key) =>
+    Effect.gen(function*() {
+      const client = yield* connect(url)
+      const context = yield* Layer.build(RedisBacking.layer(client, { pushBasedAcquireEnabled }))
+      const semaphore = yield* Effect.provide(DistributedSemaphore.make(key, { limit: 1 }), context)
+      return { withLock: <A, E>(body: Effect.Effect<A, E>) => semaphore.withPermits(1)(body) }
+    })
+})
+
+const edl = effectDistributedLock(
+  "effect-distributed-lock",
+  "effect-distributed-lock (poll 100 ms + pub/sub)",
+  true
+)
+const edlPoll = effectDistributedLock(
+  "effect-distributed-lock-poll",
+  "effect-distributed-lock, pub/sub off",
+  false
+)
+
+export const sides = {
+  baselineEvalsha,
+  lockstepLock,
+  lockstepFairLock,
+  redlock,
+  redisSemaphore,
+  edl,
+  edlPoll
+} as const
+
+export const sideById = (id: string): Side | undefined => Object.values(sides).find((side) => side.id === id)
