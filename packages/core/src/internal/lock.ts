@@ -129,12 +129,14 @@ const heldOf = Symbol.for("@lockstep/core/Lease/held")
  * them as the current fiber would: it is still this fiber's critical section) and a scope of its
  * own, closed when it ends. If the hold is lost meanwhile, the body is interrupted and this fails
  * with the `LockLost`; otherwise it ends as the body did, and the body's fiber refs are inherited
- * as with `Fiber.join`. Call it uninterruptibly; `restore` is where it may be interrupted.
+ * as with `Fiber.join`. `close` ends the lease after the body's scope closed, however it ended.
+ * Call it uninterruptibly; `restore` is where it may be interrupted.
  */
 const whileHeld = <A, E, R>(
   lease: Lease,
   body: Effect.Effect<A, E, R>,
-  restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+  restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+  close: Effect.Effect<void>
 ): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> => {
   const held = (lease as Lease & { readonly [heldOf]: Held })[heldOf]
   return Effect.flatMap(Scope.make(), (scope) => Effect.withFiberRuntime((parent) => {
@@ -152,20 +154,22 @@ const whileHeld = <A, E, R>(
       (fiber) => {
         held.bodies.add(fiber)
         if (held.dead) fiber.unsafeInterruptAsFork(FiberId.none)
-        return restore(Fiber.await(fiber)).pipe(
-          Effect.onInterrupt(() => Fiber.interrupt(fiber)),
-          Effect.ensuring(Effect.suspend(() => {
-            held.bodies.delete(fiber)
-            // the body's scoped resources close before the lease does
-            const exit = fiber.unsafePoll()
-            return Scope.close(scope, exit ?? Exit.void)
-          })),
-          Effect.flatMap((exit): Effect.Effect<A, E | LockLost> =>
-            Exit.isFailure(exit) && held.dead && Cause.isInterruptedOnly(exit.cause)
+        // the body's scoped resources close before the lease does
+        const done = (exit: Exit.Exit<unknown, unknown>) => {
+          held.bodies.delete(fiber)
+          // the lease ends even if a finalizer of the body dies
+          return Effect.ensuring(Scope.close(scope, exit), close)
+        }
+        return Effect.matchCauseEffect(restore(Fiber.await(fiber)), {
+          // interrupted while waiting for the body: interrupt it too
+          onFailure: (cause) => Effect.zipRight(Effect.flatMap(Fiber.interrupt(fiber), done), Effect.failCause(cause)),
+          onSuccess: (exit) => {
+            const result: Effect.Effect<A, E | LockLost> = Exit.isFailure(exit) && held.dead && Cause.isInterruptedOnly(exit.cause)
               ? held.lost
               : Effect.zipRight(Fiber.inheritAll(fiber), exit)
-          )
-        )
+            return Effect.zipRight(done(exit), result)
+          }
+        })
       }
     )
   }))
@@ -258,7 +262,10 @@ export const withLease = <A, E, R>(
       if (Option.isNone(grant)) return Effect.dieMessage("lockstep: a waiting acquisition ended without a lease")
       const { close, lease } = grant.value
       // an interruption that arrived while the grant was in flight stops here, before the body
-      return Effect.ensuring(Effect.zipRight(restore(Effect.void), whileHeld(lease, body, restore)), close)
+      return Effect.matchCauseEffect(restore(Effect.void), {
+        onFailure: (cause) => Effect.zipRight(close, Effect.failCause(cause)),
+        onSuccess: () => whileHeld(lease, body, restore, close)
+      })
     })
   )
 
@@ -473,11 +480,12 @@ const waitForGrant = (
 
 /** Releases one hold of the record's holder: its count in the lock's mode goes from `count` down by one. */
 const release = (spec: LockSpec, record: Held, count: number): Effect.Effect<void> =>
-  spec.backend.release({ key: spec.key, holder: record.holder, mode: spec.mode, count, leaseMs: record.leaseMs }).pipe(
-    Effect.asVoid,
-    Effect.catchAll((error) =>
-      Effect.logWarning(`lockstep: release of "${spec.key}" by ${record.holder} failed`, error.message)
-    )
+  Effect.matchEffect(
+    spec.backend.release({ key: spec.key, holder: record.holder, mode: spec.mode, count, leaseMs: record.leaseMs }),
+    {
+      onSuccess: () => Effect.void,
+      onFailure: (error) => Effect.logWarning(`lockstep: release of "${spec.key}" by ${record.holder} failed`, error.message)
+    }
   )
 
 /**
