@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Fiber, Layer, Option } from "effect"
+import { Deferred, Effect, Fiber, Layer, Option } from "effect"
 import { Redis } from "ioredis"
 import { Lock } from "@lockstep/core"
 import type { LockBackend } from "@lockstep/core"
@@ -70,6 +70,40 @@ describe.runIf(available || required)("Redisson's RLock protocol and lockstep ex
         const fence = yield* Fiber.join(waiter).pipe(Effect.timeout("3 seconds"))
         assert.isAbove(fence, 0)
       })))
+
+  it.live("every release that frees the key ends with Redisson's unlock message 0, also when it wakes a lockstep waiter by its code; every message is a Java long", () =>
+    withRedis((client) =>
+      Effect.gen(function*() {
+        const messages: Array<string> = []
+        const listener = yield* Effect.acquireRelease(
+          Effect.promise(async () => {
+            const sub = client.duplicate()
+            sub.on("message", (_channel: string, message: string) => void messages.push(message))
+            await sub.subscribe("redisson_lock__channel:{shared-name}")
+            return sub
+          }),
+          (sub) => Effect.sync(() => sub.disconnect())
+        )
+        assert.isDefined(listener)
+        const lock = yield* Lock.make("shared-name")
+        const holding = yield* Deferred.make<void>()
+        const release = yield* Deferred.make<void>()
+        const holder = yield* Effect.fork(
+          Lock.withLock(Effect.zipRight(Deferred.succeed(holding, undefined), Deferred.await(release)), lock)
+        )
+        yield* Deferred.await(holding)
+        const waiter = yield* Effect.fork(Lock.withLock(Effect.void, lock, { timeout: "10 seconds" }))
+        yield* Effect.sleep("200 millis")
+        yield* Deferred.succeed(release, undefined)
+        yield* Fiber.join(holder)
+        yield* Fiber.join(waiter)
+        yield* Effect.sleep("200 millis")
+        // the holder's release woke the waiter by its code, then said 0; the waiter's release said 0
+        assert.strictEqual(messages.length, 3, messages.join(" "))
+        assert.match(messages[0]!, /^-[1-9]\d*$/)
+        assert.deepStrictEqual(messages.slice(1), ["0", "0"])
+        for (const message of messages) assert.isTrue(BigInt(message) < 2n ** 63n && BigInt(message) >= -(2n ** 63n))
+      }).pipe(Effect.scoped)))
 
   it.live("a lock held by lockstep keeps a Redisson-protocol client out until it is released", () =>
     withRedis((client) =>

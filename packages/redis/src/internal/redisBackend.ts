@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto"
 import type { Scope } from "effect"
-import { Deferred, Effect, Either, FiberId, Queue } from "effect"
+import { Deferred, Effect, Either, FiberId, Queue, Runtime } from "effect"
 import calculateSlot from "cluster-key-slot"
 import type * as LockBackend from "@lockstep/core/LockBackend"
 import { forceReleaseMemoryMs } from "@lockstep/core/LockBackend"
@@ -9,7 +9,7 @@ import type { Client, Tuning } from "../RedisBackend.js"
 import { subscriberFor, whenNotHandshaking } from "./connection.js"
 import type { Tracker } from "./connection.js"
 import * as scripts from "./scripts.js"
-import { makeWakeups } from "./wakeups.js"
+import { makeWakeups, wakeCode } from "./wakeups.js"
 
 
 interface Script {
@@ -30,16 +30,25 @@ const renewScript = script("renew", scripts.renew)
 const inspectScript = script("inspect", scripts.inspect)
 const forceReleaseScript = script("forceRelease", scripts.forceRelease)
 const cancelScript = script("cancel", scripts.cancel)
+const leaveScript = script("leave", scripts.leave)
 
-/** The Redis keys of lock `key`, in the order the scripts expect them. */
-export const keysOf = (key: string) => [
+/**
+ * The Redis keys of lock `key`, in the order the scripts expect them; `memo` is the key that
+ * remembers the holder (or operation) the call is about.
+ */
+export const keysOf = (key: string, memo = `lockstep_ended:{${key}}`) => [
   key,
   `redisson_lock_token:{${key}}`,
   channelOf(key),
-  `lockstep_queue:{${key}}`,
-  `lockstep_queue_timeout:{${key}}`,
-  `lockstep_ended:{${key}}`
+  `lockstep_fair:{${key}}`,
+  `lockstep_fair_ttl:{${key}}`,
+  memo,
+  `lockstep_waiters:{${key}}`,
+  `lockstep_waiting:{${key}}`
 ]
+
+/** Where a holder that ended is remembered. */
+export const endedKeyOf = (key: string, holder: string) => `lockstep_ended:{${key}}:${holder}`
 
 export const channelOf = (key: string) => `redisson_lock__channel:{${key}}`
 
@@ -58,6 +67,7 @@ export const make = (
 ): Effect.Effect<LockBackend.Service, never, Scope.Scope> =>
   Effect.gen(function*() {
     const clientId = crypto.randomUUID()
+    const runtime = yield* Effect.runtime<never>()
     const renewBatchSize = tuning?.renewBatchSize ?? 1000
     const isCluster = "isCluster" in client && client.isCluster === true
 
@@ -93,54 +103,82 @@ export const make = (
       if (connectedOnce) wakeups.wakeAll()
       connectedOnce = true
     })
-    yield* Effect.addFinalizer(() => Effect.sync(() => subscriber.disconnect()))
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        wakeups.close()
+        subscriber.disconnect()
+      })
+    )
 
     const acquire = (request: LockBackend.AcquireRequest) =>
-      Effect.flatMap(
-        run(acquireScript, keysOf(request.key), [
+      Effect.suspend(() => {
+        const channel = channelOf(request.key)
+        const code = wakeCode(request.holder)
+        const limit = request.limit === Infinity ? -1 : request.limit
+        // only a waiter on a subscription registers: a release may then wake it by its code
+        const register = !request.fair && wakeups.isWaiting(channel, request.holder, code)
+        if (register) {
+          // its entry in the waiters set, as the script writes it; noted before the call, so that a
+          // registration whose reply is lost is taken out too when the waiter gives up
+          const member = `${code}|${request.mode === "exclusive" ? "x" : "s"}|${request.permits}|${limit}`
+          wakeups.registered(channel, request.holder, code, member)
+        }
+        const args = [
           request.holder,
           request.mode === "exclusive" ? "x" : "s",
           request.permits,
-          request.limit === Infinity ? -1 : request.limit,
+          limit,
           request.leaseMs,
           request.fair ? "1" : "0",
           request.waiterTtlMs,
-          request.count
-        ]),
-        (
-          reply
-        ): Effect.Effect<LockBackend.AcquireResult, BackendError | InvalidLockOptions | LockUpgradeNotSupported | NotHeld> => {
-          const [code, a, b] = reply as [number, number?, number?]
-          switch (code) {
-            case 1:
-              if (request.mode === "shared") wakeups.wakeNext(channelOf(request.key))
-              return Effect.succeed({ _tag: "Granted", fence: asNumber(a), count: asNumber(b) })
-            case 0:
-              return Effect.succeed({ _tag: "Denied", retryAfterMs: asNumber(a) })
-            case 2:
-              return Effect.fail(new LockUpgradeNotSupported({ key: request.key, holder: request.holder }))
-            case 3:
-              return Effect.fail(
-                new InvalidLockOptions({
-                  field: "limit",
-                  reason: `"${request.key}" is held with limit ${asNumber(a) === -1 ? "unlimited" : a}, the request names ${request.limit}`
-                })
-              )
-            case 4:
-              return Effect.fail(
-                new InvalidLockOptions({ field: "permits", reason: `${request.permits} permits exceed the limit ${request.limit}` })
-              )
-            case 5:
-              return Effect.fail(new NotHeld({ key: request.key, holder: request.holder }))
-            default:
-              return Effect.fail(new BackendError({ operation: "acquire", cause: new Error(`unexpected reply ${String(reply)}`) }))
+          request.count,
+          code,
+          register ? "1" : "0"
+        ]
+        return Effect.flatMap(
+          run(acquireScript, keysOf(request.key, endedKeyOf(request.key, request.holder)), args),
+          (reply): Effect.Effect<
+            LockBackend.AcquireResult,
+            BackendError | InvalidLockOptions | LockUpgradeNotSupported | NotHeld
+          > => {
+            const [status, a, b] = reply as [number, number?, number?]
+            switch (status) {
+              case 1:
+                return Effect.succeed({ _tag: "Granted", fence: asNumber(a), count: asNumber(b) })
+              case 0:
+                return Effect.succeed({ _tag: "Denied", retryAfterMs: asNumber(a) })
+              case 2:
+                return Effect.fail(new LockUpgradeNotSupported({ key: request.key, holder: request.holder }))
+              case 3:
+                return Effect.fail(
+                  new InvalidLockOptions({
+                    field: "limit",
+                    reason: `"${request.key}" is held with limit ${
+                      asNumber(a) === -1 ? "unlimited" : a
+                    }, the request names ${request.limit}`
+                  })
+                )
+              case 4:
+                return Effect.fail(
+                  new InvalidLockOptions({
+                    field: "permits",
+                    reason: `${request.permits} permits exceed the limit ${request.limit}`
+                  })
+                )
+              case 5:
+                return Effect.fail(new NotHeld({ key: request.key, holder: request.holder }))
+              default:
+                return Effect.fail(
+                  new BackendError({ operation: "acquire", cause: new Error(`unexpected reply ${String(reply)}`) })
+                )
+            }
           }
-        }
-      )
+        )
+      })
 
     const release = (request: LockBackend.ReleaseRequest) =>
       Effect.flatMap(
-        run(releaseScript, keysOf(request.key), [
+        run(releaseScript, keysOf(request.key, endedKeyOf(request.key, request.holder)), [
           request.holder,
           request.mode === "exclusive" ? "x" : "s",
           request.count,
@@ -228,6 +266,15 @@ export const make = (
         return Effect.zipRight(Queue.offerAll(pending, entries), Effect.forEach(entries, ({ done }) => Deferred.await(done)))
       })
 
+    /**
+     * A registered waiter gave up without a grant: its entry leaves the waiters set, and a wake-up
+     * a release had already aimed at it goes on. Not awaited: the waiter's exit does not wait for
+     * it, and a failure only leaves the entry to expire.
+     */
+    const abandon = (key: string, member: string) => {
+      Runtime.runFork(runtime)(Effect.ignore(run(leaveScript, keysOf(key), [member])))
+    }
+
     const inspect = (key: string) =>
       Effect.map(run(inspectScript, keysOf(key), []), (reply): LockBackend.KeyState => {
         const flat = reply as Array<string | number | null>
@@ -260,12 +307,15 @@ export const make = (
       inspect,
       forceRelease: ({ id, key }) =>
         Effect.map(
-          run(forceReleaseScript, keysOf(key), [id, forceReleaseMemoryMs]),
+          run(forceReleaseScript, keysOf(key, `lockstep_force:{${key}}:${id}`), [forceReleaseMemoryMs]),
           (reply) => asNumber(reply) === 1
         ),
-      cancel: ({ holder, key, leaseMs }) => Effect.asVoid(run(cancelScript, keysOf(key), [holder, leaseMs])),
+      cancel: ({ holder, key, leaseMs }) =>
+        Effect.asVoid(
+          run(cancelScript, keysOf(key, endedKeyOf(key, holder)), [holder, leaseMs, `${wakeCode(holder)}|${holder}`])
+        ),
       subscribe: (key, holder, mode) =>
-        Effect.mapError(wakeups.subscribe(channelOf(key), holder, mode), (cause) =>
+        Effect.mapError(wakeups.subscribe(channelOf(key), holder, mode, (member) => abandon(key, member)), (cause) =>
           cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause }))
     } satisfies LockBackend.Service
   })

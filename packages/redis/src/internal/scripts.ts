@@ -1,6 +1,8 @@
 /**
  * The Lua scripts of the Redis backend. Each operation is one script, so it is atomic on the
- * server and judged on the server's clock (`TIME`).
+ * server and judged on the server's clock (`TIME`). Scripts change fields in place and touch the
+ * wait structures only when someone waits: an uncontended acquire and release run 10 Redis
+ * commands between them (TIME, HGETALL, MGET, SET, HSET, PEXPIRE; HGETALL, DEL, SET, PUBLISH).
  *
  * Layout of a lock named K (every key shares K's cluster slot: K has no braces, the others are
  * tagged `{K}`):
@@ -9,38 +11,79 @@
  *   lockstep adds fields of its own under the `lockstep|` prefix (Redisson's scripts only test for
  *   the key and for their own field):
  *   `lockstep|m|<holder>` -> `<fence>|<expiresAt ms>`, `lockstep|s|<holder>` -> `<count>|<permits>`
- *   for shared holds, and `lockstep|limit` -> the shared limit (-1: unlimited) while shared holds
- *   exist. The key's PEXPIRE is the latest expiry of its holders.
+ *   for shared holds, `lockstep|limit` -> the shared limit (-1: unlimited) while shared holds
+ *   exist, and `lockstep|w` while lockstep waiters may be registered (see below). The key's
+ *   PEXPIRE is the latest expiry of its holders.
  * - `redisson_lock_token:{K}` (string): the last fence issued. A new fence is the greater of the
  *   last + 1 and the server's clock in microseconds, so fences keep increasing even after the
  *   server lost its data (a restart without persistence, FLUSHALL) as long as its clock does not
  *   step back; the key expires a lease after the last grant (and not before the clock has passed
  *   the fence), so no lock leaves a key behind for good.
- * - `lockstep_ended:{K}` (sorted set): holders that ended (released their last hold, left the
- *   queue, were dropped by a forced release; `!<holder>` when the release found nothing to
- *   release) and applied forced releases (`force|<1|0>|<id>`, with their answer), scored by until
- *   when they are remembered (server ms). A late or second copy of one of their operations
- *   changes nothing and answers as the first did. The set expires with its last entry.
- * - `redisson_lock__channel:{K}`: release notifications ("0", as Redisson sends; for a fair lock,
- *   the holder at the head of the queue).
- * - `lockstep_queue:{K}` (list) and `lockstep_queue_timeout:{K}` (hash holder -> expiresAt): the
- *   fair queue in arrival order and each waiter's expiry.
+ * - `lockstep_ended:{K}:<holder>` (string, one per holder): a holder that ended (released its last
+ *   hold, left the queue, was dropped by a forced release: `0`; its release found nothing to
+ *   release: `-1`), for as long as it is remembered (PX). A late or second copy of one of its
+ *   operations changes nothing and answers as the first did. `lockstep_force:{K}:<id>`: an
+ *   applied forced release and its answer (`1` / `0`), remembered a minute.
+ * - `redisson_lock__channel:{K}`: wake-ups. Every message is a number, so Redisson's listeners
+ *   (which read them as Java longs and act on 0 only) take them in their stride: `0` when the key
+ *   became free (Redisson's own unlock message: a Redisson waiter may be subscribed, so it is sent
+ *   whenever lockstep frees the key); `<code>` wakes only the lockstep waiter with that wake code
+ *   (a 52-bit hash of its holder id, see `wakeCode`); `-<code>` the same, and says that the next
+ *   message is the `0` of the same release, which lockstep's listeners then ignore; `2` wakes
+ *   every shared waiter (a writer left many readers behind).
+ * - `lockstep_fair:{K}` (sorted set, score: arrival) and `lockstep_fair_ttl:{K}` (sorted set,
+ *   score: expiry ms): the fair queue, members `<code>|<holder>`. Every operation is O(log n) in
+ *   the queue's length: expired waiters are dropped by score, the head is the lowest arrival.
+ * - `lockstep_waiters:{K}` (sorted set, score: until when the entry is kept): waiters of unfair
+ *   kinds that wait on a subscription, members `<code>|<x|s>|<permits>|<limit>`. A release
+ *   takes out and wakes those that can win: one exclusive waiter, or the shared waiters that fit.
+ * - `lockstep_waiting:{K}` (string): present (PX) for as long as any fair or registered waiter may
+ *   be; a new grant copies it into K as `lockstep|w`, so a release learns from the hash it reads
+ *   anyway whether anyone waits, and an uncontended release touches no wait structure.
  */
 
+/** What every script needs first: number formatting, the server clock, fences. */
 const prelude = `
 local P = 'lockstep|'
 
 -- Times are floats and written with %.0f: Lua 5.1 (Redis) and Lua 5.3 with 32-bit integers
--- (the Lua VM of ioredis-mock) then agree on epoch milliseconds.
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000.0 + math.floor(tonumber(t[2]) / 1000)
-end
-
+-- (the Lua VM of ioredis-mock) then agree on epoch milliseconds and microseconds.
 local function fmt(n)
   return string.format('%.0f', n)
 end
 
+-- The server's clock: milliseconds, and microseconds (the floor of every new fence).
+local function clock()
+  local t = redis.call('TIME')
+  local s, u = tonumber(t[1]), tonumber(t[2])
+  return s * 1000.0 + math.floor(u / 1000), s * 1000000.0 + u
+end
+`
+
+/**
+ * The next fence of lock K: above the last one and never below the clock in microseconds; the
+ * counter is kept a lease after the grant (and at least until the clock has passed it). One SET on
+ * Redis 6.2+ (SET ... GET); a key of another type fails with WRONGTYPE and changes nothing.
+ */
+const fence = `
+local function next_fence(token, now, nowUs, lease)
+  local keep = math.max(lease, math.floor(nowUs / 1000 - now) + 1)
+  local last = redis.pcall('SET', token, fmt(nowUs), 'PX', fmt(keep), 'GET')
+  if type(last) == 'table' then
+    -- a server without SET ... GET (before 6.2), or WRONGTYPE, which the GET raises again
+    last = redis.call('GET', token)
+    redis.call('SET', token, fmt(nowUs), 'PX', fmt(keep))
+  end
+  last = tonumber(last or '0') or 0
+  if last < nowUs then return nowUs end
+  local fence = last + 1
+  redis.call('SET', token, fmt(fence), 'PX', fmt(math.max(lease, math.floor(fence / 1000 - now) + 1)))
+  return fence
+end
+`
+
+/** Helpers of the paths where holders share a key or someone waits. */
+const base = `
 -- ioredis-mock's Lua bridge only converts tables built by a constructor, so copy into one
 -- (unpack is bounded by the Lua stack: larger replies go out as they are, fine on Redis)
 local function reply(t)
@@ -48,192 +91,238 @@ local function reply(t)
   return t
 end
 
-local function split(v)
-  local out = {}
-  for part in string.gmatch(v, '[^|]+') do out[#out + 1] = tonumber(part) end
-  return out
+-- A pcall that failed: Redis answers { err = ... }, ioredis-mock { 'error', ... }.
+local function failed(r)
+  return type(r) == 'table' and (r.err ~= nil or r[1] == 'error')
 end
 
--- A key's live holders: holder -> { x = exclusive count, s = shared count, p = permits,
--- f = fence, e = expiresAt }. Holds without lockstep metadata are Redisson's: they live as long
--- as the key. Expired holds are dropped (changed = true).
-local function load(key, now)
-  local flat = redis.call('HGETALL', key)
-  local st = { holders = {}, limit = nil }
-  if #flat == 0 then return st, false end
-  local pttl = redis.call('PTTL', key)
-  local keyExpiry = now + 1e15
-  if pttl > 0 then keyExpiry = now + pttl end
+-- Runs a command whose arguments end with a list, in chunks the Lua stack can take.
+local function chunked(cmd, key, list)
+  for i = 1, #list, 500 do
+    redis.call(cmd, key, unpack(list, i, math.min(i + 499, #list)))
+  end
+end
+
+-- A key's holders from its fields: holder -> { x = exclusive count, s = shared count,
+-- p = permits, f = fence, e = expiresAt (nil: a Redisson hold, which lives as long as the key) },
+-- and the stored limit and waiter flag.
+local function parse(flat)
+  local hs, limit, flag = {}, nil, false
   local function get(h)
-    local r = st.holders[h]
+    local r = hs[h]
     if r == nil then
       r = { x = 0, s = 0, p = 0, f = 0, e = nil }
-      st.holders[h] = r
+      hs[h] = r
     end
     return r
   end
   for i = 1, #flat, 2 do
     local f, v = flat[i], flat[i + 1]
     if string.sub(f, 1, 9) == P then
-      local rest = string.sub(f, 10)
-      local tag, h = string.sub(rest, 1, 2), string.sub(rest, 3)
-      if rest == 'limit' then
-        st.limit = tonumber(v)
-      elseif tag == 'm|' then
-        local m = split(v)
-        local r = get(h)
-        r.f = m[1]
-        r.e = m[2]
+      local tag = string.sub(f, 10, 11)
+      if tag == 'm|' then
+        local r = get(string.sub(f, 12))
+        local bar = string.find(v, '|', 1, true)
+        r.f = tonumber(string.sub(v, 1, bar - 1))
+        r.e = tonumber(string.sub(v, bar + 1))
       elseif tag == 's|' then
-        local m = split(v)
-        local r = get(h)
-        r.s = m[1]
-        r.p = m[2]
+        local r = get(string.sub(f, 12))
+        local bar = string.find(v, '|', 1, true)
+        r.s = tonumber(string.sub(v, 1, bar - 1))
+        r.p = tonumber(string.sub(v, bar + 1))
+      elseif f == P .. 'limit' then
+        limit = tonumber(v)
+      elseif f == P .. 'w' then
+        flag = true
       end
     else
       get(f).x = tonumber(v)
     end
   end
-  local changed = false
+  return hs, limit, flag
+end
+
+-- The live state of key K at now: expired holds are dropped from the hash in place (and the
+-- limit with the last shared hold). st.latest: the latest expiry of the live holds (the key's
+-- PEXPIRE); st.redisson: a Redisson hold is among them (the key's PEXPIRE is its lease).
+local function load(key, flat, now)
+  local hs, limit, flag = parse(flat)
+  local st = { holders = {}, limit = nil, flag = flag, latest = 0, redisson = false, exists = #flat > 0, dropped = false }
+  if #flat == 0 then return st end
+  local keyExpiry = nil
+  local gone = {}
   local shared = false
-  for h, r in pairs(st.holders) do
-    if r.e == nil then r.e = keyExpiry end
+  for h, r in pairs(hs) do
+    if r.e == nil then
+      if keyExpiry == nil then
+        local pttl = redis.call('PTTL', key)
+        keyExpiry = now + 1e15
+        if pttl > 0 then keyExpiry = now + pttl end
+      end
+      r.e = keyExpiry
+      if r.x > 0 then st.redisson = true end
+    end
     if r.e <= now or (r.x == 0 and r.s == 0) then
-      st.holders[h] = nil
-      changed = true
-    elseif r.s > 0 then
-      shared = true
-    end
-  end
-  if not shared then st.limit = nil end
-  return st, changed
-end
-
-local function save(key, st, now)
-  redis.call('DEL', key)
-  local args = {}
-  local latest = nil
-  local shared = false
-  for h, r in pairs(st.holders) do
-    if r.x > 0 then
-      args[#args + 1] = h
-      args[#args + 1] = fmt(r.x)
-    end
-    if r.s > 0 then
-      shared = true
-      args[#args + 1] = P .. 's|' .. h
-      args[#args + 1] = fmt(r.s) .. '|' .. fmt(r.p)
-    end
-    if r.f > 0 then
-      args[#args + 1] = P .. 'm|' .. h
-      args[#args + 1] = fmt(r.f) .. '|' .. fmt(r.e)
-    end
-    if latest == nil or r.e > latest then latest = r.e end
-  end
-  if latest == nil then return end
-  -- the limit is kept only while shared holds exist
-  if shared and st.limit ~= nil then
-    args[#args + 1] = P .. 'limit'
-    args[#args + 1] = fmt(st.limit)
-  end
-  -- in chunks: unpack has a stack limit
-  for i = 1, #args, 200 do
-    redis.call('HSET', key, unpack(args, i, math.min(i + 199, #args)))
-  end
-  redis.call('PEXPIRE', key, fmt(math.max(1, latest - now)))
-end
-
--- Microseconds on the server's clock: the floor of every new fence.
-local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000.0 + tonumber(t[2])
-end
-
--- Whether \`id\` ended recently enough to be remembered.
-local function has_ended(ekey, id, now)
-  local until_ms = redis.call('ZSCORE', ekey, id)
-  return until_ms ~= false and until_ms ~= nil and tonumber(until_ms) > now
-end
-
--- Remembers \`id\` as ended until \`until_ms\`; forgets entries that ran out; keeps the set no longer
--- than its last entry.
-local function remember(ekey, id, until_ms, now)
-  redis.call('ZREMRANGEBYSCORE', ekey, '-inf', fmt(now))
-  redis.call('ZADD', ekey, fmt(until_ms), id)
-  local ttl = redis.call('PTTL', ekey)
-  if ttl < until_ms - now then redis.call('PEXPIRE', ekey, fmt(math.max(1, until_ms - now))) end
-end
-
--- The next fence of the lock: above the last one and never below the clock in microseconds. The
--- counter is kept a lease after the grant, and at least until the clock has passed it.
-local function next_fence(token, now, lease)
-  local last = tonumber(redis.call('GET', token) or '0') or 0
-  local fence = math.max(last + 1, math.floor(now_us()))
-  local keep = math.max(lease, math.floor(fence / 1000 - now) + 1, redis.call('PTTL', token))
-  redis.call('SET', token, fmt(fence), 'PX', fmt(keep))
-  return fence
-end
-
--- The live fair queue, in order: { { h = holder, e = expiresAt } ... }; expired entries dropped.
-local function load_queue(qkey, tkey, now)
-  local list = redis.call('LRANGE', qkey, 0, -1)
-  local live = {}
-  for _, h in ipairs(list) do
-    local e = tonumber(redis.call('HGET', tkey, h))
-    if e == nil or e <= now then
-      redis.call('LREM', qkey, 0, h)
-      redis.call('HDEL', tkey, h)
+      gone[#gone + 1] = h
+      gone[#gone + 1] = P .. 's|' .. h
+      gone[#gone + 1] = P .. 'm|' .. h
+      if r.x > 0 or r.s > 0 then st.dropped = true end
     else
-      live[#live + 1] = { h = h, e = e }
+      st.holders[h] = r
+      if r.s > 0 then shared = true end
+      if r.e > st.latest then st.latest = r.e end
     end
   end
-  return live
-end
-
-local function dequeue(qkey, tkey, holder)
-  if redis.call('HDEL', tkey, holder) == 1 then redis.call('LREM', qkey, 0, holder) end
-end
-
--- Tells waiters that holds were released: the head of a fair queue by name, anyone else with "0".
-local function notify(channel, qkey, tkey, now)
-  local queue = load_queue(qkey, tkey, now)
-  if #queue > 0 then
-    redis.call('PUBLISH', channel, queue[1].h)
-  else
-    redis.call('PUBLISH', channel, '0')
+  if shared then st.limit = limit elseif limit ~= nil then gone[#gone + 1] = P .. 'limit' end
+  if st.latest == 0 then
+    -- nothing live is left: the key goes (a Redisson client tests for the key alone)
+    redis.call('DEL', key)
+    st.exists = false
+    st.flag = false
+  elseif #gone > 0 then
+    chunked('HDEL', key, gone)
   end
+  return st
+end
+
+-- Until when the key must live: the latest expiry of its holders; never shortened below a
+-- Redisson hold's lease.
+local function expire_to(key, st, latest, now)
+  if latest > st.latest or (latest < st.latest and not st.redisson) then
+    redis.call('PEXPIRE', key, fmt(math.max(1, latest - now)))
+  end
+end
+
+-- The code of a fair-queue member '<code>|<holder>' or a waiter member '<code>|...'.
+local function code_of(member)
+  return string.sub(member, 1, string.find(member, '|', 1, true) - 1)
+end
+
+-- The fair queue without its expired entries (each is removed once: amortised O(log n)).
+local function prune_fair(fq, fqt, now)
+  local gone = redis.call('ZRANGEBYSCORE', fqt, '-inf', fmt(now))
+  if #gone > 0 then
+    chunked('ZREM', fqt, gone)
+    chunked('ZREM', fq, gone)
+  end
+end
+
+-- Scores of many members in one command where the server has ZMSCORE (Redis 6.2+).
+local function zmscore(key, members)
+  local r = redis.pcall('ZMSCORE', key, unpack(members))
+  if not failed(r) then return r end
+  local out = {}
+  for i, m in ipairs(members) do out[i] = redis.call('ZSCORE', key, m) end
+  return out
+end
+
+-- Keeps the wait structures (and the sentinel that says someone may wait) at least ttl ms.
+local function keep_waiting(sentinel, keys, ttl)
+  local cur = redis.call('PTTL', sentinel)
+  if cur < ttl then
+    redis.call('SET', sentinel, '1', 'PX', fmt(ttl))
+  else
+    ttl = cur
+  end
+  for _, k in ipairs(keys) do redis.call('PEXPIRE', k, fmt(ttl)) end
+end
+
+-- Wakes the waiters that can win now, after holds ended. free: no live hold is left;
+-- writer: a live exclusive hold is left; taken: the live shared permits; zero: the key was freed
+-- and Redisson's unlock message '0' follows. The fair queue's head is told by its code; unfair
+-- waiters are taken out of their set: the first exclusive one if the key is free, else the
+-- shared ones that fit. Returns whether anyone may still wait.
+local function wake(channel, fq, fqt, wq, now, free, writer, taken, zero)
+  local codes = {}
+  prune_fair(fq, fqt, now)
+  local head = redis.call('ZRANGE', fq, 0, 0)[1]
+  if head then codes[#codes + 1] = code_of(head) end
+  redis.call('ZREMRANGEBYSCORE', wq, '-inf', fmt(now))
+  local scan = 64
+  local entries = redis.call('ZRANGE', wq, 0, scan - 1)
+  local woken, used, everyShared = {}, 0, false
+  for _, m in ipairs(entries) do
+    local c, mode, p, l = string.match(m, '^(%d+)|(%a)|(%d+)|(%-?%d+)$')
+    if c ~= nil then
+      p, l = tonumber(p), tonumber(l)
+      if mode == 'x' then
+        if free and #woken == 0 then
+          woken[1] = m
+          codes[#codes + 1] = c
+          break
+        end
+      elseif not writer then
+        if l < 0 then
+          woken[#woken + 1] = m
+          codes[#codes + 1] = c
+          everyShared = true
+        elseif taken + used + p <= l then
+          woken[#woken + 1] = m
+          codes[#codes + 1] = c
+          used = used + p
+          if taken + used >= l then break end
+        end
+      end
+    end
+  end
+  if #woken > 0 then chunked('ZREM', wq, woken) end
+  -- unlimited readers beyond the scan: every shared waiter retries
+  if everyShared and #entries == scan then codes[#codes + 1] = '2' end
+  for i, c in ipairs(codes) do
+    if zero and i == #codes then c = '-' .. c end
+    redis.call('PUBLISH', channel, c)
+  end
+  if zero then redis.call('PUBLISH', channel, '0') end
+  return head ~= nil or #entries > #woken or #entries == scan
 end
 `
 
 /**
- * KEYS: K, token, channel, queue, queue timeout, ended.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel.
  * ARGV: holder, mode ('x' | 's'), permits, limit (-1: unlimited), leaseMs, fair ('1' | '0'),
- * waiterTtlMs, count (the holder's count in that mode once granted).
+ * waiterTtlMs, count (the holder's count in that mode once granted), wake code, register ('1':
+ * the holder waits on a subscription; a denied unfair attempt registers it as a waiter).
  * Returns {1, fence, count} granted, {0, retryAfterMs} denied, {2} upgrade refused,
  * {3, storedLimit} limit mismatch, {4} permits over the limit, {5} not held (a re-entry into a
  * hold that is gone, or a late copy from a holder that ended).
  */
-export const acquire = `${prelude}
-local key, token, channel, qkey, tkey, ekey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+export const acquire = `${prelude}${fence}
+local key, token, channel, fq, fqt, ended, wq, sentinel = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local holder, excl = ARGV[1], ARGV[2] == 'x'
 local permits, limit, lease = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local fair, waiterTtl, count = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8])
-local now = now_ms()
-local st, changed = load(key, now)
-local function finish()
-  if changed then
-    save(key, st, now)
-    notify(channel, qkey, tkey, now)
+local code, register = ARGV[9], ARGV[10] == '1'
+local flat = redis.call('HGETALL', key)
+
+-- the fast path: a first hold of a free key no one waits for
+local memo = nil
+if #flat == 0 and count == 1 and (excl or limit < 0 or permits <= limit) then
+  memo = redis.call('MGET', ended, sentinel)
+  -- a late copy from a holder that ended (nil array items: false on Redis, userdata in ioredis-mock)
+  if type(memo[1]) == 'string' then return {5} end
+  if type(memo[2]) ~= 'string' then
+    local now, nowUs = clock()
+    local f = next_fence(token, now, nowUs, lease)
+    local meta = fmt(f) .. '|' .. fmt(now + lease)
+    if excl then
+      redis.call('HSET', key, holder, '1', P .. 'm|' .. holder, meta)
+    else
+      redis.call('HSET', key, P .. 's|' .. holder, '1|' .. fmt(permits), P .. 'limit', fmt(limit), P .. 'm|' .. holder, meta)
+    end
+    redis.call('PEXPIRE', key, fmt(lease))
+    return {1, fmt(f), 1}
   end
 end
+${base}
+local now, nowUs = clock()
+local st = load(key, flat, now)
 
-if not excl and st.limit ~= nil and st.limit ~= limit then finish() return {3, st.limit} end
-if not excl and limit >= 0 and permits > limit then finish() return {4} end
+if not excl and st.limit ~= nil and st.limit ~= limit then return {3, fmt(st.limit)} end
+if not excl and limit >= 0 and permits > limit then return {4} end
 
--- the mode rules, ignoring the requester's own holds
-local allowed, blocking = true, nil
+-- the mode rules, ignoring the requester's own holds: allowed, or the earliest blocking expiry
+local blocking = nil
 local function block(e)
-  allowed = false
   if blocking == nil or e < blocking then blocking = e end
 end
 local function check()
@@ -242,7 +331,7 @@ local function check()
     return
   end
   for h, r in pairs(st.holders) do if h ~= holder and r.x > 0 then block(r.e) end end
-  if allowed then
+  if blocking == nil then
     local taken = 0
     for h, r in pairs(st.holders) do if h ~= holder and r.s > 0 then taken = taken + r.p end end
     if limit >= 0 and taken + permits > limit then
@@ -256,101 +345,276 @@ local expiresAt = now + lease
 if me ~= nil then
   local held = me.s
   if excl then held = me.x end
+  local e = math.max(me.e, expiresAt)
+  local meta = P .. 'm|' .. holder
   if held > 0 then
-    -- re-entry, or a copy of one already applied: the count becomes the requested one
-    if excl then me.x = count else me.s = count end
-    me.e = math.max(me.e, expiresAt)
-    save(key, st, now)
-    dequeue(qkey, tkey, holder)
+    -- re-entry, or a copy of one already applied: the count becomes the requested one (a holder
+    -- is never queued: it left the queue with its grant)
+    if excl then
+      redis.call('HSET', key, holder, fmt(count), meta, fmt(me.f) .. '|' .. fmt(e))
+    else
+      redis.call('HSET', key, P .. 's|' .. holder, fmt(count) .. '|' .. fmt(me.p), meta, fmt(me.f) .. '|' .. fmt(e))
+    end
+    expire_to(key, st, math.max(st.latest, e), now)
     return {1, fmt(me.f), count}
   end
-  if excl then finish() return {2} end
+  if excl then return {2} end
   -- a writer taking the read lock: the queue does not apply to a current holder
   check()
-  if not allowed then finish() return {0, fmt(math.max(1, blocking - now))} end
-  me.s = count
-  me.p = permits
-  me.e = math.max(me.e, expiresAt)
-  st.limit = limit
-  save(key, st, now)
-  dequeue(qkey, tkey, holder)
+  if blocking ~= nil then return {0, fmt(math.max(1, blocking - now))} end
+  redis.call('HSET', key, P .. 's|' .. holder, fmt(count) .. '|' .. fmt(permits), P .. 'limit', fmt(limit), meta, fmt(me.f) .. '|' .. fmt(e))
+  expire_to(key, st, math.max(st.latest, e), now)
   return {1, fmt(me.f), count}
 end
 
 -- not a holder: a re-entry whose hold is gone, or a late copy from a holder that ended
-if count > 1 or has_ended(ekey, holder, now) or has_ended(ekey, '!' .. holder, now) then finish() return {5} end
+if count > 1 then return {5} end
+if memo == nil then memo = redis.call('MGET', ended, sentinel) end
+if type(memo[1]) == 'string' then return {5} end
+local waiting = type(memo[2]) == 'string'
 
--- a new grant: the mode rules, then the fair queue
+-- a new grant: the mode rules, then the fair queue (only when someone may wait)
 check()
-local ahead = {}
-if fair then
-  for _, w in ipairs(load_queue(qkey, tkey, now)) do
-    if w.h == holder then break end
-    ahead[#ahead + 1] = w
+local fm = code .. '|' .. holder
+local wm = code .. '|' .. (excl and 'x' or 's') .. '|' .. fmt(permits) .. '|' .. fmt(limit)
+local first, mine = true, nil
+if fair and waiting then
+  prune_fair(fq, fqt, now)
+  mine = redis.call('ZSCORE', fq, fm) or nil
+  local head = redis.call('ZRANGE', fq, 0, 0)[1]
+  first = head == nil or head == fm
+  if not first then
+    -- the earliest expiry among the waiters ahead: a bounded look at the earliest-expiring
+    -- entries (exact for queues up to 16; for longer ones never later than the true one)
+    local soon = redis.call('ZRANGE', fqt, 0, 15, 'WITHSCORES')
+    local members = {}
+    for i = 1, #soon, 2 do members[#members + 1] = soon[i] end
+    local arrivals = {}
+    if #members > 0 then arrivals = zmscore(fq, members) end
+    local mineAt = mine and tonumber(mine)
+    local ahead = nil
+    for i = 1, #members do
+      local at = type(arrivals[i]) == 'string' and tonumber(arrivals[i])
+      if members[i] ~= fm and at and (mineAt == nil or at < mineAt) then
+        ahead = tonumber(soon[2 * i])
+        break
+      end
+    end
+    if ahead == nil then ahead = tonumber(soon[#soon]) end
+    if ahead ~= nil then block(ahead) end
   end
 end
-if allowed and #ahead == 0 then
-  local fence = next_fence(token, now, lease)
-  local r = { x = 0, s = 0, p = 0, f = fence, e = expiresAt }
-  if excl then r.x = 1 else r.s = 1; r.p = permits; st.limit = limit end
-  st.holders[holder] = r
-  save(key, st, now)
-  dequeue(qkey, tkey, holder)
+
+if blocking == nil and first then
+  local fence = next_fence(token, now, nowUs, lease)
+  local fields = { P .. 'm|' .. holder, fmt(fence) .. '|' .. fmt(expiresAt) }
+  if excl then
+    fields[3] = holder
+    fields[4] = '1'
+  else
+    fields[3] = P .. 's|' .. holder
+    fields[4] = '1|' .. fmt(permits)
+    fields[5] = P .. 'limit'
+    fields[6] = fmt(limit)
+  end
+  if waiting and not st.flag then
+    fields[#fields + 1] = P .. 'w'
+    fields[#fields + 1] = '1'
+  end
+  redis.call('HSET', key, unpack(fields))
+  expire_to(key, st, math.max(st.latest, expiresAt), now)
+  if waiting then
+    -- any grant takes the holder out of the wait structures
+    if redis.call('ZREM', fqt, fm) == 1 then redis.call('ZREM', fq, fm) end
+    redis.call('ZREM', wq, wm)
+  end
   return {1, fmt(fence), 1}
 end
-if fair then
-  if redis.call('HSET', tkey, holder, fmt(now + waiterTtl)) == 1 then redis.call('RPUSH', qkey, holder) end
-end
-for _, w in ipairs(ahead) do
-  if blocking == nil or w.e < blocking then blocking = w.e end
-end
-finish()
+
+-- denied: queue (fair) or register (a subscribed unfair waiter), so that a release wakes it
 if blocking == nil then blocking = now + 1 end
-return {0, fmt(math.max(1, blocking - now))}
+local retry = math.max(1, blocking - now)
+local keys = nil
+local ttl = 0
+if fair then
+  if mine == nil then
+    local tail = redis.call('ZRANGE', fq, -1, -1, 'WITHSCORES')
+    local at = nowUs
+    if tail[2] ~= nil then at = math.max(at, tonumber(tail[2]) + 1) end
+    redis.call('ZADD', fq, fmt(at), fm)
+  end
+  redis.call('ZADD', fqt, fmt(now + waiterTtl), fm)
+  keys, ttl = { fq, fqt }, waiterTtl
+elseif register then
+  -- kept a little past the waiter's own retry, by which it registers again or is granted (at
+  -- most two minutes: a waiter sleeping longer is woken by the 0 of a release that knows of no one)
+  ttl = math.min(retry, 120000) + 2000
+  redis.call('ZADD', wq, fmt(now + ttl), wm)
+  keys = { wq }
+end
+if keys ~= nil then
+  keep_waiting(sentinel, keys, ttl)
+  if st.exists and not st.flag then redis.call('HSET', key, P .. 'w', '1') end
+end
+return {0, fmt(retry)}
 `
 
 /**
- * KEYS: K, token, channel, queue, queue timeout, ended.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel.
  * ARGV: holder, mode ('x' | 's'), count (the holder's count in that mode before the release),
  * leaseMs (how long an ended holder is remembered).
  * Returns the remaining count for that mode, or -1 when the holder holds nothing (and did not
  * just end: a copy of its last release answers 0 again).
  */
 export const release = `${prelude}
-local key, channel, qkey, tkey, ekey = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local key, channel, fq, fqt, ended, wq, sentinel = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local holder, excl, count, lease = ARGV[1], ARGV[2] == 'x', tonumber(ARGV[3]), tonumber(ARGV[4])
-local now = now_ms()
-local st, changed = load(key, now)
-local me = st.holders[holder]
-local remaining = -1
-local woken = changed
-if me == nil then
+local flat = redis.call('HGETALL', key)
+
+-- the fast path: the holder's own fields are all the hash holds, so its hold is live (the key's
+-- PEXPIRE is its expiry) and no one is registered as waiting
+local alone = true
+local sfield, meta = P .. 's|' .. holder, P .. 'm|' .. holder
+local mx, ms, mp, mine = 0, 0, 0, false
+for i = 1, #flat, 2 do
+  local f = flat[i]
+  if f == holder then
+    mx, mine = tonumber(flat[i + 1]), true
+  elseif f == sfield then
+    local v = flat[i + 1]
+    local bar = string.find(v, '|', 1, true)
+    ms, mp, mine = tonumber(string.sub(v, 1, bar - 1)), tonumber(string.sub(v, bar + 1)), true
+  elseif f ~= meta and f ~= P .. 'limit' then
+    alone = false
+  end
+end
+
+local function forget(value)
+  redis.call('SET', ended, value, 'PX', fmt(lease))
+end
+
+if not mine and alone then
   -- a copy of a last release answers 0 again, a copy of a refused one -1 again; ended either way,
   -- so a late copy of one of its acquisitions grants nothing
-  if has_ended(ekey, holder, now) then
-    remaining = 0
-    remember(ekey, holder, now + lease, now)
-  else
-    remember(ekey, '!' .. holder, now + lease, now)
+  if redis.call('GET', ended) == '0' then
+    forget('0')
+    return 0
   end
-  if changed then save(key, st, now) end
-else
-  local held = me.s
-  if excl then held = me.x end
+  forget('-1')
+  return -1
+end
+
+local remaining
+if alone then
+  local held = ms
+  if excl then held = mx end
   -- a count below the caller's: a copy of a release already applied
   remaining = held
   if held >= count then remaining = count - 1 end
-  if excl then me.x = remaining else me.s = remaining end
-  if (not excl) and remaining == 0 then me.p = 0 end
-  if held > 0 and remaining == 0 then woken = true end
-  if me.x == 0 and me.s == 0 then
-    st.holders[holder] = nil
-    remember(ekey, holder, now + lease, now)
+  if remaining == held then return remaining end
+  if excl then mx = remaining else ms = remaining end
+  if mx == 0 and ms == 0 then
+    redis.call('DEL', key)
+    forget('0')
+    -- Redisson's unlock message: a Redisson waiter may wait for this key
+    redis.call('PUBLISH', channel, '0')
+  elseif excl and mx == 0 then
+    -- a writer that also holds the read lock keeps that
+    redis.call('HDEL', key, holder)
+  elseif excl then
+    redis.call('HSET', key, holder, fmt(mx))
+  elseif ms == 0 then
+    redis.call('HDEL', key, sfield, P .. 'limit')
+  else
+    redis.call('HSET', key, sfield, fmt(ms) .. '|' .. fmt(mp))
   end
-  save(key, st, now)
+  return remaining
 end
--- a hold ended (released or expired): waiters may enter
-if woken then notify(channel, qkey, tkey, now) end
+
+-- other holders, or waiters: the full rules
+${base}
+local now = clock()
+local st = load(key, flat, now)
+local me = st.holders[holder]
+if me == nil then
+  if redis.call('GET', ended) == '0' then
+    forget('0')
+    remaining = 0
+  else
+    forget('-1')
+    remaining = -1
+  end
+  if st.dropped and st.flag then
+    -- expired holds were dropped: waiters may enter
+    local writer, taken = false, 0
+    for _, r in pairs(st.holders) do
+      if r.x > 0 then writer = true end
+      if r.s > 0 then taken = taken + r.p end
+    end
+    if not wake(channel, fq, fqt, wq, now, next(st.holders) == nil, writer, taken, false) then
+      redis.call('DEL', sentinel)
+    end
+  end
+  return remaining
+end
+
+local held = me.s
+if excl then held = me.x end
+remaining = held
+if held >= count then remaining = count - 1 end
+local freed = st.dropped or (held > 0 and remaining == 0)
+if remaining ~= held then
+  if excl then me.x = remaining else me.s = remaining end
+end
+local zero = false
+if me.x == 0 and me.s == 0 then
+  st.holders[holder] = nil
+  forget('0')
+  if next(st.holders) == nil then
+    redis.call('DEL', key)
+    zero = true
+  else
+    local gone = { holder, sfield, meta }
+    local shared = false
+    local latest = 0
+    for _, r in pairs(st.holders) do
+      if r.s > 0 then shared = true end
+      if r.e > latest then latest = r.e end
+    end
+    if not shared and st.limit ~= nil then gone[#gone + 1] = P .. 'limit' end
+    redis.call('HDEL', key, unpack(gone))
+    expire_to(key, st, latest, now)
+  end
+elseif remaining ~= held then
+  if excl and me.x == 0 then
+    redis.call('HDEL', key, holder)
+  elseif excl then
+    redis.call('HSET', key, holder, fmt(me.x))
+  elseif me.s == 0 then
+    local gone = { sfield }
+    local shared = false
+    for h, r in pairs(st.holders) do if h ~= holder and r.s > 0 then shared = true end end
+    if not shared then gone[2] = P .. 'limit' end
+    redis.call('HDEL', key, unpack(gone))
+  else
+    redis.call('HSET', key, sfield, fmt(me.s) .. '|' .. fmt(me.p))
+  end
+end
+if not freed then return remaining end
+if st.flag then
+  local writer, taken = false, 0
+  for _, r in pairs(st.holders) do
+    if r.x > 0 then writer = true end
+    if r.s > 0 then taken = taken + r.p end
+  end
+  if not wake(channel, fq, fqt, wq, now, next(st.holders) == nil, writer, taken, zero) then
+    -- no one waits any more
+    redis.call('DEL', sentinel)
+    if not zero then redis.call('HDEL', key, P .. 'w') end
+  end
+elseif zero then
+  redis.call('PUBLISH', channel, '0')
+end
 return remaining
 `
 
@@ -359,22 +623,23 @@ return remaining
  * Returns per request 1 (renewed), 0 (not held) or the error that request met (a key of another
  * type, say), so one bad key does not fail the others. Touches only the holder's own fields.
  */
-export const renew = `${prelude}
-local now = now_ms()
+export const renew = `${prelude}${base}
+local now = clock()
 local out = {}
 for i, key in ipairs(KEYS) do
   local holder, lease = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
   local field = P .. 'm|' .. holder
   local meta = redis.pcall('HGET', key, field)
   out[i] = 0
-  if type(meta) == 'table' and meta.err then
-    out[i] = meta.err
+  if failed(meta) then
+    out[i] = meta.err or meta[2]
   elseif meta then
-    local m = split(meta)
-    if m[2] > now then
-      local e = math.max(m[2], now + lease)
-      redis.call('HSET', key, field, fmt(m[1]) .. '|' .. fmt(e))
-      if redis.call('PTTL', key) < e - now then redis.call('PEXPIRE', key, fmt(e - now)) end
+    local bar = string.find(meta, '|', 1, true)
+    local e = tonumber(string.sub(meta, bar + 1))
+    if e > now then
+      local next_e = math.max(e, now + lease)
+      redis.call('HSET', key, field, string.sub(meta, 1, bar) .. fmt(next_e))
+      if redis.call('PTTL', key) < next_e - now then redis.call('PEXPIRE', key, fmt(next_e - now)) end
       out[i] = 1
     end
   end
@@ -383,75 +648,122 @@ return reply(out)
 `
 
 /**
- * KEYS: K, token, channel, queue, queue timeout, ended.
- * Returns {fence, limit or '', holders as flat {holder, x, s, p, f, ttl}..., '|', queue as flat {holder, ttl}...}.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (unused), waiters, sentinel.
+ * Reads only. Returns {fence, limit or '', holder count, holders as flat {holder, x, s, p, f, ttl}...,
+ * queue as flat {holder, ttl}...} with the queue in arrival order.
  */
-export const inspect = `${prelude}
-local key, token, channel, qkey, tkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local now = now_ms()
-local st, changed = load(key, now)
-if changed then
-  save(key, st, now)
-  notify(channel, qkey, tkey, now)
+export const inspect = `${prelude}${base}
+local key, token, fq, fqt = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
+local now = clock()
+local hs, limit = parse(redis.call('HGETALL', key))
+local keyExpiry = nil
+local holders = {}
+local shared = false
+for h, r in pairs(hs) do
+  if r.e == nil then
+    if keyExpiry == nil then
+      local pttl = redis.call('PTTL', key)
+      keyExpiry = now + 1e15
+      if pttl > 0 then keyExpiry = now + pttl end
+    end
+    r.e = keyExpiry
+  end
+  if r.e > now and (r.x > 0 or r.s > 0) then
+    holders[#holders + 1] = { h, fmt(r.x), fmt(r.s), fmt(r.p), fmt(r.f), fmt(r.e - now) }
+    if r.s > 0 then shared = true end
+  end
 end
 -- '' for no limit: ioredis-mock's Lua bridge drops arrays that hold false
-local limit = ''
-if st.limit ~= nil then limit = fmt(st.limit) end
-local out = { redis.call('GET', token) or '0', limit }
-local holders = {}
-for h, r in pairs(st.holders) do
-  holders[#holders + 1] = { h, fmt(r.x), fmt(r.s), fmt(r.p), fmt(r.f), fmt(r.e - now) }
-end
-out[#out + 1] = #holders
+local limitOut = ''
+if shared and limit ~= nil then limitOut = fmt(limit) end
+local out = { redis.call('GET', token) or '0', limitOut, #holders }
 for _, r in ipairs(holders) do
   for _, v in ipairs(r) do out[#out + 1] = v end
 end
-for _, w in ipairs(load_queue(qkey, tkey, now)) do
-  out[#out + 1] = w.h
-  out[#out + 1] = fmt(w.e - now)
+local members = redis.call('ZRANGE', fq, 0, -1)
+for i = 1, #members, 500 do
+  local part = { unpack(members, i, math.min(i + 499, #members)) }
+  local expiries = zmscore(fqt, part)
+  for j, m in ipairs(part) do
+    local e = type(expiries[j]) == 'string' and tonumber(expiries[j])
+    if e and e > now then
+      out[#out + 1] = string.sub(m, string.find(m, '|', 1, true) + 1)
+      out[#out + 1] = fmt(e - now)
+    end
+  end
 end
 return reply(out)
 `
 
 /**
- * KEYS: K, token, channel, queue, queue timeout, ended. ARGV: the operation's id, how long it is
- * remembered (ms). Drops every holder (remembered as ended until their holds would have expired);
- * 1 if anything was held. A second copy of the same id changes nothing and answers as the first.
+ * KEYS: K, token, channel, fair queue, fair expiries, the operation's memory, waiters, sentinel.
+ * ARGV: how long the operation is remembered (ms). Drops every holder (remembered as ended until
+ * their holds would have expired); 1 if anything was held. A second copy of the same operation
+ * changes nothing and answers as the first.
  */
-export const forceRelease = `${prelude}
-local key, channel, qkey, tkey, ekey = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local id, memory = ARGV[1], tonumber(ARGV[2])
-local now = now_ms()
+export const forceRelease = `${prelude}${base}
+local key, channel, fq, fqt, applied, wq, sentinel = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local memory = tonumber(ARGV[1])
 -- a copy answers as the first delivery did
-if has_ended(ekey, 'force|1|' .. id, now) then return 1 end
-if has_ended(ekey, 'force|0|' .. id, now) then return 0 end
-local st = load(key, now)
+local before = redis.call('GET', applied)
+if before then return tonumber(before) end
+local now = clock()
+local st = load(key, redis.call('HGETALL', key), now)
 local held = 0
 for h, r in pairs(st.holders) do
   held = 1
-  remember(ekey, h, r.e, now)
+  redis.call('SET', 'lockstep_ended:{' .. key .. '}:' .. h, '0', 'PX', fmt(math.max(1, r.e - now)))
 end
 redis.call('DEL', key)
-remember(ekey, 'force|' .. held .. '|' .. id, now + memory, now)
-notify(channel, qkey, tkey, now)
+redis.call('SET', applied, fmt(held), 'PX', fmt(memory))
+if st.flag or redis.call('EXISTS', sentinel) == 1 then
+  if not wake(channel, fq, fqt, wq, now, true, false, 0, true) then redis.call('DEL', sentinel) end
+else
+  redis.call('PUBLISH', channel, '0')
+end
 return held
 `
 
 /**
- * KEYS: K, token, channel, queue, queue timeout, ended. ARGV: holder, leaseMs. Leaves the fair
- * queue (a waiter that is not a holder is remembered as ended for leaseMs); tells the new head.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel.
+ * ARGV: holder, leaseMs, the holder's fair-queue member. Leaves the fair queue (a waiter that is
+ * not a holder is remembered as ended for leaseMs); tells the new head.
  */
-export const cancel = `${prelude}
-local key, channel, qkey, tkey, ekey = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local holder, lease = ARGV[1], tonumber(ARGV[2])
-local now = now_ms()
-local before = load_queue(qkey, tkey, now)
-dequeue(qkey, tkey, holder)
-if redis.call('HEXISTS', key, holder) == 0 and redis.call('HEXISTS', key, P .. 's|' .. holder) == 0 then
-  remember(ekey, holder, now + lease, now)
+export const cancel = `${prelude}${base}
+local key, channel, fq, fqt, ended = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local holder, lease, fm = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local now = clock()
+prune_fair(fq, fqt, now)
+local heads = redis.call('ZRANGE', fq, 0, 1)
+if redis.call('ZREM', fqt, fm) == 1 then redis.call('ZREM', fq, fm) end
+local fields = redis.call('HMGET', key, holder, P .. 's|' .. holder)
+if type(fields[1]) ~= 'string' and type(fields[2]) ~= 'string' then
+  -- remembered as ended (a refusal remembered for longer is not cut short)
+  redis.call('SET', ended, '0', 'PX', fmt(math.max(lease, redis.call('PTTL', ended))))
 end
-if #before > 0 and before[1].h == holder and #before > 1 then
-  redis.call('PUBLISH', channel, before[2].h)
+if heads[1] == fm and heads[2] ~= nil then
+  redis.call('PUBLISH', KEYS[3], code_of(heads[2]))
 end
 return 0
+`
+
+/**
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (unused), waiters, sentinel.
+ * ARGV: the waiter's member in the waiters set. A registered waiter that gives up without a grant
+ * leaves the set; if a release had already taken it out (a wake-up was on its way to it), the
+ * wake-up goes on to the waiters that can win now.
+ */
+export const leave = `${prelude}${base}
+local key, channel, fq, fqt, wq, sentinel = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8]
+if redis.call('ZREM', wq, ARGV[1]) == 1 then return 0 end
+if redis.call('EXISTS', sentinel) == 0 then return 0 end
+local now = clock()
+local st = load(key, redis.call('HGETALL', key), now)
+local writer, taken = false, 0
+for _, r in pairs(st.holders) do
+  if r.x > 0 then writer = true end
+  if r.s > 0 then taken = taken + r.p end
+end
+if not writer then wake(channel, fq, fqt, wq, now, next(st.holders) == nil, writer, taken, false) end
+return 1
 `

@@ -1,20 +1,42 @@
+import { createHash } from "node:crypto"
 import type { Exit, Scope } from "effect"
 import { Effect } from "effect"
 import type { HoldMode, Subscription } from "@lockstep/core/LockBackend"
 
+/**
+ * The wake code of a holder: a 52-bit hash of its id, in decimal. Releases name the waiters they
+ * wake by it; a number, so that a Redisson listener on the same channel (which reads messages as
+ * Java longs and acts on 0 and 1 only) ignores it. Never 0 or 1 (nor 2, which wakes every shared
+ * waiter).
+ */
+export const wakeCode = (holder: string): string =>
+  String(Number.parseInt(createHash("sha1").update(holder).digest("hex").slice(0, 13), 16) + 3)
+
 /** One waiting acquisition in this process. */
 interface Waiter {
   readonly holder: string
+  readonly code: string
   readonly mode: HoldMode
   /** A wake-up delivered while no fiber was suspended in `await`. */
   pending: boolean
   readonly resumers: Set<() => void>
+  /** Its entry in the key's waiters set, once an attempt registered it there. */
+  member: string | undefined
+  /** Takes its entry out of the waiters set (and hands on a wake-up aimed at it). */
+  readonly abandon: ((member: string) => void) | undefined
 }
 
 interface Channel {
+  /** In arrival order. */
   readonly waiters: Set<Waiter>
+  readonly byCode: Map<string, Set<Waiter>>
   /** Completes when the server confirmed the subscription. */
   readonly ready: Promise<unknown>
+  failed: boolean
+  /** The next message is the `0` of the release that sent the last one: not a wake-up. */
+  skipZero: boolean
+  /** Pending unsubscribe of a channel whose last waiter left. */
+  idle: ReturnType<typeof setTimeout> | undefined
 }
 
 /** What the hub needs from the subscriber connection. */
@@ -23,13 +45,26 @@ export interface SubscriberConnection {
   readonly unsubscribe: (channel: string) => Promise<unknown>
 }
 
+/** How long a channel stays subscribed after its last waiter left: the next wait reuses it. */
+export const idleUnsubscribeMs = 1_000
+
 /**
- * Routes release notifications from the backend's single subscriber connection to the waiters of
- * this process. Channels are reference-counted: subscribed for the first waiter of a key and
- * unsubscribed when its last waiter leaves. A notification wakes one waiter: the named holder for
- * a fair queue's head, otherwise the longest-waiting one without a pending wake-up.
+ * Routes wake-ups from the backend's single subscriber connection to the waiters of this
+ * process. Channels are reference-counted: subscribed for the first waiter of a key, and
+ * unsubscribed once no waiter has used them for `idleMs` (a key that is waited on again and
+ * again keeps its subscription instead of a SUBSCRIBE / UNSUBSCRIBE per wait).
+ *
+ * Messages (see scripts.ts): a wake code wakes the waiter it names (`-<code>`: and the `0` that
+ * follows belongs to the same release); `2` every shared waiter; `0` (Redisson's unlock message,
+ * or a release that knew of no registered waiter) the longest-waiting one without a pending
+ * wake-up, and every shared waiter if that one asks for a shared hold. A name (an older lockstep
+ * telling a fair queue's head) wakes the waiter with that holder id.
  */
-export const makeWakeups = (connection: SubscriberConnection, subscribeTimeout: (p: Promise<unknown>) => Effect.Effect<void, unknown>) => {
+export const makeWakeups = (
+  connection: SubscriberConnection,
+  subscribeTimeout: (p: Promise<unknown>) => Effect.Effect<void, unknown>,
+  idleMs: number = idleUnsubscribeMs
+) => {
   const channels = new Map<string, Channel>()
 
   const deliver = (waiter: Waiter) => {
@@ -42,19 +77,19 @@ export const makeWakeups = (connection: SubscriberConnection, subscribeTimeout: 
     }
   }
 
+  const wakeShared = (channel: Channel) => {
+    for (const other of channel.waiters) if (!other.pending && other.mode === "shared") deliver(other)
+  }
+
   /**
    * Wakes the longest-waiting waiter without a pending wake-up; if it asks for a shared hold,
    * every shared waiter, since freed capacity may fit several and a denied one passes nothing on.
    */
-  const wakeOne = (name: string) => {
-    const channel = channels.get(name)
-    if (channel === undefined) return
+  const wakeOne = (channel: Channel) => {
     for (const waiter of channel.waiters) {
       if (waiter.pending) continue
       deliver(waiter)
-      if (waiter.mode === "shared") {
-        for (const other of channel.waiters) if (!other.pending && other.mode === "shared") deliver(other)
-      }
+      if (waiter.mode === "shared") wakeShared(channel)
       return
     }
   }
@@ -62,34 +97,88 @@ export const makeWakeups = (connection: SubscriberConnection, subscribeTimeout: 
   const onMessage = (name: string, message: string) => {
     const channel = channels.get(name)
     if (channel === undefined) return
-    if (message !== "0") {
-      for (const waiter of channel.waiters) {
-        if (waiter.holder === message) return deliver(waiter)
+    if (message === "0" || message === "1") {
+      if (channel.skipZero) {
+        channel.skipZero = false
+        return
       }
-      // the fair queue's head waits elsewhere; no one here may take the lock before it
+      return wakeOne(channel)
+    }
+    let body = message
+    if (body.startsWith("-")) {
+      channel.skipZero = true
+      body = body.slice(1)
+    }
+    if (body === "2") return wakeShared(channel)
+    const named = channel.byCode.get(body)
+    if (named !== undefined) {
+      for (const waiter of named) deliver(waiter)
       return
     }
-    wakeOne(name)
+    // an older lockstep names a fair queue's head; a code of no waiter here is for another process
+    for (const waiter of channel.waiters) {
+      if (waiter.holder === body) return deliver(waiter)
+    }
   }
 
   /** After a reconnect, notifications may have been missed: every waiter retries. */
   const wakeAll = () => {
-    for (const channel of channels.values()) for (const waiter of channel.waiters) deliver(waiter)
+    for (const channel of channels.values()) {
+      channel.skipZero = false
+      for (const waiter of channel.waiters) deliver(waiter)
+    }
   }
 
-  const subscribe = (name: string, holder: string, mode: HoldMode): Effect.Effect<Subscription, unknown, Scope.Scope> =>
+  const waiterOf = (name: string, holder: string, code: string): Waiter | undefined => {
+    const channel = channels.get(name)
+    if (channel === undefined) return undefined
+    for (const waiter of channel.byCode.get(code) ?? []) if (waiter.holder === holder) return waiter
+    return undefined
+  }
+
+  const subscribe = (
+    name: string,
+    holder: string,
+    mode: HoldMode,
+    abandon?: (member: string) => void
+  ): Effect.Effect<Subscription, unknown, Scope.Scope> =>
     Effect.acquireRelease(
       Effect.suspend(() => {
         let channel = channels.get(name)
+        if (channel !== undefined && channel.failed) {
+          channels.delete(name)
+          channel = undefined
+        }
         if (channel === undefined) {
           const ready = connection.subscribe(name)
+          const created: Channel = {
+            waiters: new Set(),
+            byCode: new Map(),
+            ready,
+            failed: false,
+            skipZero: false,
+            idle: undefined
+          }
           // the failure is reported to the subscribing waiter below
-          ready.catch(() => undefined)
-          channel = { waiters: new Set(), ready }
+          ready.catch(() => {
+            created.failed = true
+          })
+          channel = created
           channels.set(name, channel)
         }
-        const waiter: Waiter = { holder, mode, pending: false, resumers: new Set() }
+        if (channel.idle !== undefined) {
+          clearTimeout(channel.idle)
+          channel.idle = undefined
+        }
+        const code = wakeCode(holder)
+        const waiter: Waiter = { holder, code, mode, pending: false, resumers: new Set(), member: undefined, abandon }
         channel.waiters.add(waiter)
+        let named = channel.byCode.get(code)
+        if (named === undefined) {
+          named = new Set()
+          channel.byCode.set(code, named)
+        }
+        named.add(waiter)
         const current = channel
         return Effect.as(
           Effect.onError(subscribeTimeout(current.ready), () => Effect.sync(() => leave(name, current, waiter))),
@@ -99,8 +188,12 @@ export const makeWakeups = (connection: SubscriberConnection, subscribeTimeout: 
       ({ channel, waiter }, exit: Exit.Exit<unknown, unknown>) =>
         Effect.sync(() => {
           leave(name, channel, waiter)
-          // a waiter leaving without a grant passes any wake-up on
-          if (exit._tag === "Failure") wakeOne(name)
+          if (exit._tag === "Failure") {
+            // a waiter leaving without a grant passes any wake-up on: here, and (if a release
+            // had already aimed one at it) on the server
+            wakeOne(channel)
+            if (waiter.member !== undefined && waiter.abandon !== undefined) waiter.abandon(waiter.member)
+          }
         })
     ).pipe(
       Effect.map(({ waiter }): Subscription => ({
@@ -116,11 +209,24 @@ export const makeWakeups = (connection: SubscriberConnection, subscribeTimeout: 
       }))
     )
 
-  const leave = (name: string, channel: Channel, waiter: Waiter) => {
-    if (!channel.waiters.delete(waiter)) return
+  const unsubscribe = (name: string, channel: Channel) => {
+    channel.idle = undefined
     if (channel.waiters.size === 0 && channels.get(name) === channel) {
       channels.delete(name)
       connection.unsubscribe(name).catch(() => undefined)
+    }
+  }
+
+  const leave = (name: string, channel: Channel, waiter: Waiter) => {
+    if (!channel.waiters.delete(waiter)) return
+    const named = channel.byCode.get(waiter.code)
+    named?.delete(waiter)
+    if (named?.size === 0) channel.byCode.delete(waiter.code)
+    if (channel.waiters.size === 0 && channels.get(name) === channel && channel.idle === undefined) {
+      if (channel.failed || idleMs <= 0) return unsubscribe(name, channel)
+      const timer = setTimeout(() => unsubscribe(name, channel), idleMs)
+      timer.unref?.()
+      channel.idle = timer
     }
   }
 
@@ -128,8 +234,19 @@ export const makeWakeups = (connection: SubscriberConnection, subscribeTimeout: 
     subscribe,
     onMessage,
     wakeAll,
-    /** After a shared grant, the next waiter may fit too. */
-    wakeNext: (name: string) => wakeOne(name),
-    channelCount: () => channels.size
+    /** Whether `holder` (wake code `code`) waits on a subscription to `name`: its denied attempts then register it. */
+    isWaiting: (name: string, holder: string, code: string): boolean => waiterOf(name, holder, code) !== undefined,
+    /** An attempt of `holder` registered it in the key's waiters set as `member`. */
+    registered: (name: string, holder: string, code: string, member: string): void => {
+      const waiter = waiterOf(name, holder, code)
+      if (waiter !== undefined) waiter.member = member
+    },
+    /** Channels subscribed (or still kept after their last waiter left). */
+    channelCount: () => channels.size,
+    /** Stops the pending unsubscribes (the connection is closing). */
+    close: () => {
+      for (const channel of channels.values()) if (channel.idle !== undefined) clearTimeout(channel.idle)
+      channels.clear()
+    }
   }
 }
