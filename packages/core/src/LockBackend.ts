@@ -312,10 +312,11 @@ export interface KeyState {
  * A waiter's subscription to a key's wake-up signal. Subscribe *before* retrying so that a release
  * between the retry and the wait is never missed.
  *
- * A release wakes one waiter (for a fair key: the head of the queue). When that waiter asks for a
- * shared hold, every shared waiter is woken, since freed capacity may fit several of them and a
- * denied one does not pass the wake-up on. A waiter that leaves without a grant (its
- * subscription's scope closes with a failure or an interruption) hands the wake-up on.
+ * A release wakes a waiter that can win (for a fair key: the head of the queue): one exclusive
+ * waiter, or as many shared waiters as the freed capacity may fit (a backend that cannot tell may
+ * wake them all). A waiter that leaves without a grant (its subscription's scope closes with a
+ * failure or an interruption) hands the wake-up on. A wake-up can still be lost (with a crashed
+ * waiter, say): the lock API tries again at least once per waiter timeout, whatever it was told.
  *
  * @example
  * ```ts
@@ -373,7 +374,7 @@ export interface Service {
   readonly forceRelease: (request: ForceReleaseRequest) => Effect.Effect<boolean, BackendError>
   /** Removes `holder` from the key's fair queue (a waiter giving up) and wakes the new head. */
   readonly cancel: (request: CancelRequest) => Effect.Effect<void, BackendError>
-  /** `mode`: what the waiter asks for; a wake-up meant for shared waiters goes to all of them. */
+  /** `mode`: what the waiter asks for; a wake-up for shared waiters goes to those that may fit. */
   readonly subscribe: (key: string, holder: string, mode: HoldMode) => Effect.Effect<Subscription, BackendError, Scope.Scope>
 }
 

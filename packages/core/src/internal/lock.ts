@@ -461,8 +461,10 @@ const waitForGrant = (
   Effect.gen(function*() {
     const deadline = timeoutMs === undefined ? Infinity : startedAt + timeoutMs
     const subscription = yield* spec.backend.subscribe(spec.key, request.holder, spec.mode)
-    // waiters refresh their fair-queue entry well before it expires
-    const heartbeatMs = spec.fair ? Math.max(1, Math.floor(spec.waiterTtlMs / 3)) : Infinity
+    // fair waiters refresh their queue entry well before it expires; every waiter tries again at
+    // least once per waiter timeout, so a wake-up lost with a crashed waiter (or a network) delays
+    // the others by that much at most, never by the blocking lease
+    const heartbeatMs = Math.max(1, Math.floor(spec.fair ? spec.waiterTtlMs / 3 : spec.waiterTtlMs))
     while (true) {
       const result = yield* attempt
       if (result._tag === "Granted" || isStale()) return result

@@ -446,9 +446,9 @@ if fair then
   redis.call('ZADD', fqt, fmt(now + waiterTtl), fm)
   keys, ttl = { fq, fqt }, waiterTtl
 elseif register then
-  -- kept a little past the waiter's own retry, by which it registers again or is granted (at
-  -- most two minutes: a waiter sleeping longer is woken by the 0 of a release that knows of no one)
-  ttl = math.min(retry, 120000) + 2000
+  -- kept a little past the waiter's own retry (the lock API retries at least once per waiter
+  -- timeout), by which it registers again or is granted: a crashed waiter's entry goes soon
+  ttl = math.min(retry, waiterTtl, 120000) + 2000
   redis.call('ZADD', wq, fmt(now + ttl), wm)
   keys = { wq }
 end
