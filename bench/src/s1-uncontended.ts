@@ -5,16 +5,9 @@
 import { Effect } from "effect"
 import type { Env } from "./shared.js"
 import { cpuMsSince, describeFailures, fmt, interleave, median, mergeFailures, now, printTable, ratio, runLoop } from "./shared.js"
-import { sides } from "./sides.js"
+import { uncontendedSides } from "./sides.js"
 
-const measured = [
-  sides.baselineEvalsha,
-  sides.lockstepLock,
-  sides.redlock,
-  sides.redisSemaphore,
-  sides.edl,
-  sides.edlPoll
-]
+const measured = uncontendedSides
 
 export const run = (env: Env) =>
   Effect.gen(function*() {

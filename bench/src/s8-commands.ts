@@ -10,16 +10,9 @@ import { Effect } from "effect"
 import type { Redis } from "ioredis"
 import type { Env, Locker } from "./shared.js"
 import { commandStats, fmt, interleave, median, printTable, resetStats, runLoop, sleep } from "./shared.js"
-import { sides } from "./sides.js"
+import { uncontendedSides } from "./sides.js"
 
-const measured = [
-  sides.baselineEvalsha,
-  sides.lockstepLock,
-  sides.redlock,
-  sides.redisSemaphore,
-  sides.edl,
-  sides.edlPoll
-]
+const measured = uncontendedSides
 
 const scriptCommands = ["evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"]
 

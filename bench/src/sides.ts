@@ -127,4 +127,14 @@ export const sides = {
   edlPoll
 } as const
 
+/** The sides of an uncontended cycle: the baseline, lockstep's Lock and every peer on its settings. */
+export const uncontendedSides = [
+  sides.baselineEvalsha,
+  sides.lockstepLock,
+  sides.redlock,
+  sides.redisSemaphore,
+  sides.edl,
+  sides.edlPoll
+]
+
 export const sideById = (id: string): Side | undefined => Object.values(sides).find((side) => side.id === id)

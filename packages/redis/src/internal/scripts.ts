@@ -142,17 +142,11 @@ local function parse(flat)
   return hs, limit, flag
 end
 
--- The live state of key K at now: expired holds are dropped from the hash in place (and the
--- limit with the last shared hold). st.latest: the latest expiry of the live holds (the key's
--- PEXPIRE); st.redisson: a Redisson hold is among them (the key's PEXPIRE is its lease).
-local function load(key, flat, now)
-  local hs, limit, flag = parse(flat)
-  local st = { holders = {}, limit = nil, flag = flag, latest = 0, redisson = false, exists = #flat > 0, dropped = false }
-  if #flat == 0 then return st end
+-- Holds without an expiry of their own are Redisson's: they live as long as the key (its PTTL,
+-- read once); they are marked r.redisson.
+local function with_key_expiry(hs, key, now)
   local keyExpiry = nil
-  local gone = {}
-  local shared = false
-  for h, r in pairs(hs) do
+  for _, r in pairs(hs) do
     if r.e == nil then
       if keyExpiry == nil then
         local pttl = redis.call('PTTL', key)
@@ -160,8 +154,23 @@ local function load(key, flat, now)
         if pttl > 0 then keyExpiry = now + pttl end
       end
       r.e = keyExpiry
-      if r.x > 0 then st.redisson = true end
+      r.redisson = true
     end
+  end
+  return hs
+end
+
+-- The live state of key K at now: expired holds are dropped from the hash in place (and the
+-- limit with the last shared hold). st.latest: the latest expiry of the live holds (the key's
+-- PEXPIRE); st.redisson: a Redisson hold is among them (the key's PEXPIRE is its lease).
+local function load(key, flat, now)
+  local hs, limit, flag = parse(flat)
+  local st = { holders = {}, limit = nil, flag = flag, latest = 0, redisson = false, exists = #flat > 0, dropped = false }
+  if #flat == 0 then return st end
+  local gone = {}
+  local shared = false
+  for h, r in pairs(with_key_expiry(hs, key, now)) do
+    if r.redisson and r.x > 0 then st.redisson = true end
     if r.e <= now or (r.x == 0 and r.s == 0) then
       gone[#gone + 1] = h
       gone[#gone + 1] = P .. 's|' .. h
@@ -656,18 +665,9 @@ export const inspect = `${prelude}${base}
 local key, token, fq, fqt = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
 local now = clock()
 local hs, limit = parse(redis.call('HGETALL', key))
-local keyExpiry = nil
 local holders = {}
 local shared = false
-for h, r in pairs(hs) do
-  if r.e == nil then
-    if keyExpiry == nil then
-      local pttl = redis.call('PTTL', key)
-      keyExpiry = now + 1e15
-      if pttl > 0 then keyExpiry = now + pttl end
-    end
-    r.e = keyExpiry
-  end
+for h, r in pairs(with_key_expiry(hs, key, now)) do
   if r.e > now and (r.x > 0 or r.s > 0) then
     holders[#holders + 1] = { h, fmt(r.x), fmt(r.s), fmt(r.p), fmt(r.f), fmt(r.e - now) }
     if r.s > 0 then shared = true end
