@@ -85,6 +85,11 @@ export interface Options {
   readonly lease?: Duration.DurationInput | undefined
   /** Without a fixed lease: the lease the watchdog keeps renewing every `watchdog / 3`. Default 30 seconds. */
   readonly watchdog?: Duration.DurationInput | undefined
+  /**
+   * A waiter that hears nothing tries again after this long at the latest (a wake-up can be lost
+   * with a crashed waiter). Default 5 seconds.
+   */
+  readonly waiterTimeout?: Duration.DurationInput | undefined
 }
 
 /**

@@ -52,11 +52,13 @@ export const makeSpec = (
   })
 
 /** `undefined` (or an infinite duration) waits forever. */
-export const timeoutMillis = (timeout: Duration.DurationInput | undefined) =>
-  Effect.map(
-    validate.optionalMillis("timeout", timeout, { allowInfinite: true }),
-    (ms) => (ms === Infinity ? undefined : ms)
-  )
+export const timeoutMillis = (timeout: Duration.DurationInput | undefined): Effect.Effect<number | undefined, InvalidLockOptions> =>
+  timeout === undefined
+    ? Effect.succeed(undefined)
+    : Effect.map(
+      validate.optionalMillis("timeout", timeout, { allowInfinite: true }),
+      (ms) => (ms === Infinity ? undefined : ms)
+    )
 
 /** Waits for a lease (forever, or up to the timeout) in the current scope. */
 export const acquire = (
@@ -89,9 +91,7 @@ export const withLease = <A, E, R>(
   permits: number,
   timeout: Duration.DurationInput | undefined
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
-  timeout === undefined
-    ? internal.withLease(body, spec, permits, undefined)
-    : Effect.flatMap(timeoutMillis(timeout), (ms) => internal.withLease(body, spec, permits, ms))
+  Effect.flatMap(timeoutMillis(timeout), (ms) => internal.withLease(body, spec, permits, ms))
 
 /** The longest remaining time-to-live among the handle's holders. */
 export const remainingTtl = (spec: LockSpec): Effect.Effect<Option.Option<Duration.Duration>, BackendError> =>

@@ -177,9 +177,11 @@ const whileHeld = <A, E, R>(
 
 const holderCounter = GlobalValue.globalValue(Symbol.for("@lockstep/core/holderCounter"), () => ({ next: 0 }))
 
+/** The live holds among `holds` on the lock's key, of every kind. */
+const liveOn = (holds: HeldLeases, spec: LockSpec): ReadonlyArray<Held> => holds.all.filter((h) => isLive(h) && isOn(h, spec))
+
 /** The current fiber's live holds on the lock's key, of every kind. */
-const liveHolds = (spec: LockSpec): Effect.Effect<ReadonlyArray<Held>> =>
-  Effect.map(FiberRef.get(heldLeases), (held) => held.all.filter((h) => isLive(h) && isOn(h, spec)))
+const liveHolds = (spec: LockSpec): Effect.Effect<ReadonlyArray<Held>> => Effect.map(FiberRef.get(heldLeases), (holds) => liveOn(holds, spec))
 
 /** The holder identity of the current fiber for this lock, if it holds it. */
 export const currentHolder = (spec: LockSpec): Effect.Effect<Option.Option<string>> =>
@@ -278,7 +280,7 @@ const acquireGrant = (
   // what the first attempt needs is read synchronously: this is the path every lock takes
   Effect.withFiberRuntime((fiber) => {
       const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
-      const mine = fiber.getFiberRef(heldLeases).all.filter((h) => isLive(h) && isOn(h, spec))
+      const mine = liveOn(fiber.getFiberRef(heldLeases), spec)
       const found = spec.reentrant ? mine.find((h) => h.reentrant) : undefined
       const deadlock = selfDeadlock(spec, permits, mine, found)
       if (deadlock !== undefined) return Effect.fail(deadlock)

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto"
 import type { Scope } from "effect"
-import { Deferred, Effect, Either, FiberId, Queue, Runtime } from "effect"
+import { Effect, Either, Runtime } from "effect"
 import calculateSlot from "cluster-key-slot"
 import type * as LockBackend from "@lockstep/core/LockBackend"
 import { forceReleaseMemoryMs } from "@lockstep/core/LockBackend"
@@ -234,37 +234,11 @@ export const make = (
       )
     }
 
-    // Renewals arriving together (the watchdogs share a schedule) leave in one batch.
-    const pending = yield* Queue.unbounded<
-      {
-        readonly request: LockBackend.RenewRequest
-        readonly done: Deferred.Deferred<LockBackend.RenewResult, BackendError>
-      }
-    >()
-    yield* Effect.forkScoped(Effect.forever(Effect.gen(function*() {
-      const first = yield* Queue.take(pending)
-      yield* Effect.yieldNow()
-      const batch = [first, ...(yield* Queue.takeAll(pending))]
-      // whatever happens to the batch, every renewal in it gets an answer
-      yield* renewBatch(batch.map((b) => b.request)).pipe(
-        Effect.catchAllDefect((cause) => Effect.fail(new BackendError({ operation: "renew", cause }))),
-        Effect.matchEffect({
-          onFailure: (error) => Effect.forEach(batch, (b) => Deferred.fail(b.done, error), { discard: true }),
-          onSuccess: (results) =>
-            Effect.forEach(batch, (b, i) => Deferred.succeed(b.done, results[i] ?? Either.right(false)), { discard: true })
-        })
-      )
-    })))
-
-    // queued all at once and awaited in order: no fiber per renewal, it is the hot path at scale
+    // the lock API's keeper sends every renewal that is due in one call: it goes out as it is
     const renew = (requests: ReadonlyArray<LockBackend.RenewRequest>) =>
-      Effect.suspend(() => {
-        const entries = requests.map((request) => ({
-          request,
-          done: Deferred.unsafeMake<LockBackend.RenewResult, BackendError>(FiberId.none)
-        }))
-        return Effect.zipRight(Queue.offerAll(pending, entries), Effect.forEach(entries, ({ done }) => Deferred.await(done)))
-      })
+      requests.length === 0
+        ? Effect.succeed([])
+        : Effect.catchAllDefect(renewBatch(requests), (cause) => Effect.fail(new BackendError({ operation: "renew", cause })))
 
     /**
      * A registered waiter gave up without a grant: its entry leaves the waiters set, and a wake-up

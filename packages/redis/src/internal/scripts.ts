@@ -236,12 +236,22 @@ local function keep_waiting(sentinel, keys, ttl)
   for _, k in ipairs(keys) do redis.call('PEXPIRE', k, fmt(ttl)) end
 end
 
--- Wakes the waiters that can win now, after holds ended. free: no live hold is left;
--- writer: a live exclusive hold is left; taken: the live shared permits; zero: the key was freed
--- and Redisson's unlock message '0' follows. The fair queue's head is told by its code; unfair
+-- What the live holds leave to waiters: free (no live hold), writer (a live exclusive hold is
+-- left) and taken (the live shared permits), in the order wake takes them.
+local function left_by(holders)
+  local writer, taken = false, 0
+  for _, r in pairs(holders) do
+    if r.x > 0 then writer = true end
+    if r.s > 0 then taken = taken + r.p end
+  end
+  return next(holders) == nil, writer, taken
+end
+
+-- Wakes the waiters that can win now, after holds ended. zero: the key was freed and Redisson's
+-- unlock message '0' follows; free, writer, taken: see left_by. The fair queue's head is told by its code; unfair
 -- waiters are taken out of their set: the first exclusive one if the key is free, else the
 -- shared ones that fit. Returns whether anyone may still wait.
-local function wake(channel, fq, fqt, wq, now, free, writer, taken, zero)
+local function wake(channel, fq, fqt, wq, now, zero, free, writer, taken)
   local codes = {}
   prune_fair(fq, fqt, now)
   local head = redis.call('ZRANGE', fq, 0, 0)[1]
@@ -555,12 +565,7 @@ if me == nil then
   end
   if st.dropped and st.flag then
     -- expired holds were dropped: waiters may enter
-    local writer, taken = false, 0
-    for _, r in pairs(st.holders) do
-      if r.x > 0 then writer = true end
-      if r.s > 0 then taken = taken + r.p end
-    end
-    if not wake(channel, fq, fqt, wq, now, next(st.holders) == nil, writer, taken, false) then
+    if not wake(channel, fq, fqt, wq, now, false, left_by(st.holders)) then
       redis.call('DEL', sentinel)
     end
   end
@@ -611,12 +616,7 @@ elseif remaining ~= held then
 end
 if not freed then return remaining end
 if st.flag then
-  local writer, taken = false, 0
-  for _, r in pairs(st.holders) do
-    if r.x > 0 then writer = true end
-    if r.s > 0 then taken = taken + r.p end
-  end
-  if not wake(channel, fq, fqt, wq, now, next(st.holders) == nil, writer, taken, zero) then
+  if not wake(channel, fq, fqt, wq, now, zero, left_by(st.holders)) then
     -- no one waits any more
     redis.call('DEL', sentinel)
     if not zero then redis.call('HDEL', key, P .. 'w') end
@@ -717,7 +717,7 @@ end
 redis.call('DEL', key)
 redis.call('SET', applied, fmt(held), 'PX', fmt(memory))
 if st.flag or redis.call('EXISTS', sentinel) == 1 then
-  if not wake(channel, fq, fqt, wq, now, true, false, 0, true) then redis.call('DEL', sentinel) end
+  if not wake(channel, fq, fqt, wq, now, true, true, false, 0) then redis.call('DEL', sentinel) end
 else
   redis.call('PUBLISH', channel, '0')
 end
@@ -759,11 +759,7 @@ if redis.call('ZREM', wq, ARGV[1]) == 1 then return 0 end
 if redis.call('EXISTS', sentinel) == 0 then return 0 end
 local now = clock()
 local st = load(key, redis.call('HGETALL', key), now)
-local writer, taken = false, 0
-for _, r in pairs(st.holders) do
-  if r.x > 0 then writer = true end
-  if r.s > 0 then taken = taken + r.p end
-end
-if not writer then wake(channel, fq, fqt, wq, now, next(st.holders) == nil, writer, taken, false) end
+local free, writer, taken = left_by(st.holders)
+if not writer then wake(channel, fq, fqt, wq, now, false, free, writer, taken) end
 return 1
 `
