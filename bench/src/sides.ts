@@ -4,17 +4,19 @@
  * default retry settings, except that they wait as long as it takes (no acquire timeout).
  */
 import type { Scope } from "effect"
-import { Effect, Layer } from "effect"
+import { Context, Effect, Layer } from "effect"
 import { DistributedSemaphore, RedisBacking } from "effect-distributed-lock"
 import { Mutex } from "redis-semaphore"
 import Redlock from "redlock"
-import { FairLock, Lock } from "@lockstep/core"
+import { FairLock, Lock, LockBackend } from "@lockstep/core"
 import { RedisBackend } from "@lockstep/redis"
 import type { Locker } from "./shared.js"
 import { connect, promiseLocker } from "./shared.js"
 
 export type SideId =
   | "baseline-evalsha"
+  | "floor-effect-evalsha"
+  | "floor-lockstep-backend"
   | "lockstep-lock"
   | "lockstep-fairlock"
   | "redlock"
@@ -43,6 +45,48 @@ const baselineEvalsha: Side = {
           await call()
         }
       })
+    })
+}
+
+/**
+ * Not a lock: the baseline's two EVALSHA, each as an `Effect.promise` in an Effect loop. What
+ * Effect's runtime itself adds to two round trips: the floor for any Effect-based lock.
+ */
+const floorEffectEvalsha: Side = {
+  id: "floor-effect-evalsha",
+  name: "floor: the baseline through Effect.promise",
+  open: (url) =>
+    Effect.gen(function*() {
+      const client = yield* connect(url)
+      const sha = String(yield* Effect.promise(() => client.script("LOAD", "return 1")))
+      const call = Effect.promise(() => client.evalsha(sha, 0))
+      return { withLock: <A, E>(body: Effect.Effect<A, E>) => Effect.zipRight(call, Effect.zipLeft(body, call)) }
+    })
+}
+
+/**
+ * Not a lock API: lockstep's Redis backend called directly, one acquire and one release per cycle
+ * (a new holder each time, as `withLock` makes), with no lease, watchdog or body fiber around it.
+ * The cost of the two scripts and the backend's own Effect code: the floor for lockstep's `Lock`.
+ */
+const floorLockstepBackend: Side = {
+  id: "floor-lockstep-backend",
+  name: "floor: lockstep's backend calls alone",
+  open: (url, key) =>
+    Effect.gen(function*() {
+      const client = yield* connect(url)
+      const context = yield* Layer.build(RedisBackend.layer({ client }))
+      const backend = Context.get(context, LockBackend.LockBackend)
+      let next = 0
+      const common = { key, mode: "exclusive", leaseMs: 30_000 } as const
+      return {
+        withLock: <A, E>(body: Effect.Effect<A, E>) =>
+          Effect.suspend(() => {
+            const holder = `${backend.clientId}:${++next}`
+            const acquire = backend.acquire({ ...common, holder, permits: 1, limit: 1, fair: false, waiterTtlMs: 5_000, count: 1 })
+            return Effect.zipRight(acquire, Effect.zipLeft(body, backend.release({ ...common, holder, count: 1 })))
+          })
+      }
     })
 }
 
@@ -119,6 +163,8 @@ const edlPoll = effectDistributedLock(
 
 export const sides = {
   baselineEvalsha,
+  floorEffectEvalsha,
+  floorLockstepBackend,
   lockstepLock,
   lockstepFairLock,
   redlock,
@@ -130,6 +176,8 @@ export const sides = {
 /** The sides of an uncontended cycle: the baseline, lockstep's Lock and every peer on its settings. */
 export const uncontendedSides = [
   sides.baselineEvalsha,
+  sides.floorEffectEvalsha,
+  sides.floorLockstepBackend,
   sides.lockstepLock,
   sides.redlock,
   sides.redisSemaphore,

@@ -13,6 +13,7 @@ import {
   Option,
   Scope
 } from "effect"
+import type { FiberRefs } from "effect"
 import type { Lease } from "../Lease.js"
 import type { AcquireRequest, AcquireResult, HoldMode, Service } from "../LockBackend.js"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported } from "../LockError.js"
@@ -140,12 +141,23 @@ const whileHeld = <A, E, R>(
 ): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> => {
   const held = (lease as Lease & { readonly [heldOf]: Held })[heldOf]
   return Effect.flatMap(Scope.make(), (scope) => Effect.withFiberRuntime((parent) => {
-    const holds: HeldLeases = { all: parent.getFiberRef(heldLeases).all, taken: [] }
+    // a new record is not in the caller's holds (withLock never puts it there): the body gets it
+    const all = parent.getFiberRef(heldLeases).all
+    const holds: HeldLeases = { all: all.includes(held) ? all : addHeld(all, held), taken: [] }
+    // the body's fiber refs once set up: if they are the same object when it ends, the body
+    // changed none of them and there is nothing to inherit
+    let refsAtStart: FiberRefs.FiberRefs | undefined
     // the body's fiber is new and ends with the body: its refs are set, not scoped
     const inside = Effect.zipRight(
       Effect.zipRight(
-        FiberRef.set(heldLeases, holds),
-        FiberRef.update(FiberRef.currentContext, Context.add(Scope.Scope, scope))
+        Effect.zipRight(
+          FiberRef.set(heldLeases, holds),
+          FiberRef.update(FiberRef.currentContext, Context.add(Scope.Scope, scope))
+        ),
+        Effect.withFiberRuntime((fiber) => {
+          refsAtStart = fiber.getFiberRefs()
+          return Effect.void
+        })
       ),
       body as Effect.Effect<A, E, Exclude<R, Scope.Scope>>
     )
@@ -166,6 +178,8 @@ const whileHeld = <A, E, R>(
           onSuccess: (exit) => {
             const result: Effect.Effect<A, E | LockLost> = Exit.isFailure(exit) && held.dead && Cause.isInterruptedOnly(exit.cause)
               ? held.lost
+              : fiber.getFiberRefs() === refsAtStart
+              ? exit
               : Effect.zipRight(Fiber.inheritAll(fiber), exit)
             return Effect.zipRight(done(exit), result)
           }
@@ -234,7 +248,7 @@ export const acquire = (
   timeoutMs: number | undefined
 ): Effect.Effect<Option.Option<Lease>, AttemptError | LockTimeout, Scope.Scope> =>
   Effect.uninterruptibleMask((restore) =>
-    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore), (grant) => {
+    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore, true), (grant) => {
       if (Option.isNone(grant)) return Effect.succeedNone
       const { close, lease } = grant.value
       return Effect.flatMap(Effect.scope, (scope) =>
@@ -259,7 +273,7 @@ export const withLease = <A, E, R>(
   timeoutMs: number | undefined
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
   Effect.uninterruptibleMask((restore) =>
-    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore), (grant) => {
+    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore, false), (grant) => {
       // only a zero timeout ends without a grant or a LockTimeout, and withLock never makes one
       if (Option.isNone(grant)) return Effect.dieMessage("lockstep: a waiting acquisition ended without a lease")
       const { close, lease } = grant.value
@@ -275,7 +289,8 @@ const acquireGrant = (
   spec: LockSpec,
   permits: number,
   timeoutMs: number | undefined,
-  restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+  restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>,
+  intoFiber: boolean
 ): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
   // what the first attempt needs is read synchronously: this is the path every lock takes
   Effect.withFiberRuntime((fiber) => {
@@ -310,7 +325,7 @@ const acquireGrant = (
                 stale = true
                 return Effect.as(Effect.zipRight(found.lose("NotHeld"), cleanUpAttempt(spec, request)), result)
               }
-              return Effect.map(attach(spec, request, result.fence, sentAt, found), (grant) => {
+              return Effect.map(attach(spec, request, result.fence, sentAt, found, intoFiber), (grant) => {
                 granted = grant
                 return result
               })
@@ -352,7 +367,7 @@ const acquireGrant = (
             return Effect.flatMap(monotonicMillis, (now) => {
               // start over as a new holder, within what is left of the wait
               const left = timeoutMs === undefined || timeoutMs === 0 ? timeoutMs : Math.max(1, timeoutMs - (now - startedAt))
-              return restore(acquireGrant(spec, permits, left, restore))
+              return restore(acquireGrant(spec, permits, left, restore, intoFiber))
             })
           }
           return Effect.succeed(Option.fromNullable(granted))
@@ -383,14 +398,16 @@ const cancel = (spec: LockSpec, holder: string): Effect.Effect<void> =>
 /**
  * Binds a grant to the lease's scope: joins the holder's live record (re-entry) or starts a new
  * one with its watchdog, and registers the release. The last lease of a record to close stops the
- * watchdog; every lease releases its own hold.
+ * watchdog; every lease releases its own hold. A new record joins the current fiber's holds
+ * `intoFiber`; withLock leaves them alone and hands the record to its body's fiber instead.
  */
 const attach = (
   spec: LockSpec,
   request: AcquireRequest,
   fence: number,
   sentAt: number,
-  found: Held | undefined
+  found: Held | undefined,
+  intoFiber: boolean
 ): Effect.Effect<Grant> => {
   const bind = (record: Held): Grant => {
     if (spec.mode === "exclusive") record.counts.exclusive = request.count
@@ -418,10 +435,12 @@ const attach = (
     return Effect.succeed(bind(found))
   }
   return Effect.flatMap(startHeld(spec, request, fence, sentAt), (held) =>
-    Effect.as(
-      FiberRef.update(heldLeases, (leases) => ({ all: addHeld(leases.all, held), taken: addHeld(leases.taken, held) })),
-      bind(held)
-    ))
+    intoFiber
+      ? Effect.as(
+        FiberRef.update(heldLeases, (leases) => ({ all: addHeld(leases.all, held), taken: addHeld(leases.taken, held) })),
+        bind(held)
+      )
+      : Effect.succeed(bind(held)))
 }
 
 /**
@@ -437,13 +456,18 @@ const closeLease = (spec: LockSpec, record: Held): Effect.Effect<void> =>
     const released = record.dead ? Effect.void : release(spec, record, count)
     if (record.leases > 0) return released
     record.stop()
-    return Effect.zipRight(
-      FiberRef.update(heldLeases, (leases) => ({
-        all: leases.all.filter((h) => h !== record && isLive(h)),
-        taken: leases.taken.filter((h) => h !== record && isLive(h))
-      })),
-      released
-    )
+    // the fiber closing the last lease forgets the record, if it has it (withLock's caller never does)
+    return Effect.withFiberRuntime((fiber) => {
+      const leases = fiber.getFiberRef(heldLeases)
+      if (!leases.all.includes(record) && !leases.taken.includes(record)) return released
+      return Effect.zipRight(
+        FiberRef.set(heldLeases, {
+          all: leases.all.filter((h) => h !== record && isLive(h)),
+          taken: leases.taken.filter((h) => h !== record && isLive(h))
+        }),
+        released
+      )
+    })
   })
 
 /**
@@ -502,7 +526,9 @@ const release = (spec: LockSpec, record: Held, count: number): Effect.Effect<voi
  */
 const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentAt: number): Effect.Effect<Held> =>
   Effect.suspend(() => {
-    const lost = Deferred.unsafeMake<never, LockLost>(FiberId.none)
+    // made when someone first waits on `lost`: most leases end without anyone asking
+    let lost: Deferred.Deferred<never, LockLost> | undefined
+    let lostWith: LockLost | undefined
     const keeper = keeperOf(spec.backend)
     const entry: Entry = {
       key: spec.key,
@@ -529,7 +555,11 @@ const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentA
       permits: spec.mode === "shared" ? request.permits : 0,
       limit: spec.limit,
       leaseMs: request.leaseMs,
-      lost: Deferred.await(lost),
+      lost: Effect.suspend(() => {
+        if (lostWith !== undefined) return Effect.fail(lostWith)
+        lost ??= Deferred.unsafeMake<never, LockLost>(FiberId.none)
+        return Deferred.await(lost)
+      }),
       expiresIn: Effect.map(monotonicMillis, (now) => Duration.millis(Math.max(0, entry.deadline - now))),
       leases: 1,
       dead: false,
@@ -541,7 +571,8 @@ const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentA
           held.dead = true
           keeper.remove(entry)
           const remnant = (["exclusive", "shared"] as const).filter((mode) => countIn(held, mode) > 0)
-          Deferred.unsafeDone(lost, Effect.fail(new LockLost({ key: spec.key, holder: request.holder, reason })))
+          lostWith = new LockLost({ key: spec.key, holder: request.holder, reason })
+          if (lost !== undefined) Deferred.unsafeDone(lost, Effect.fail(lostWith))
           for (const body of held.bodies) body.unsafeInterruptAsFork(FiberId.none)
           // a release from count 1 ends the holder whatever its count was
           return Effect.forEach(remnant, (mode) =>

@@ -1,4 +1,3 @@
-import { createHash } from "node:crypto"
 import type { Exit, Scope } from "effect"
 import { Effect } from "effect"
 import type { HoldMode, Subscription } from "@lockstep/core/LockBackend"
@@ -7,10 +6,21 @@ import type { HoldMode, Subscription } from "@lockstep/core/LockBackend"
  * The wake code of a holder: a 52-bit hash of its id, in decimal. Releases name the waiters they
  * wake by it; a number, so that a Redisson listener on the same channel (which reads messages as
  * Java longs and acts on 0 and 1 only) ignores it. Never 0 or 1 (nor 2, which wakes every shared
- * waiter).
+ * waiter). Only the waiter's own process computes and matches its code, so the hash need not be
+ * the same across versions; it is computed on every acquisition, so it is a cheap one (two FNV-1a
+ * lanes of 26 bits' worth each), not a cryptographic digest.
  */
-export const wakeCode = (holder: string): string =>
-  String(Number.parseInt(createHash("sha1").update(holder).digest("hex").slice(0, 13), 16) + 3)
+export const wakeCode = (holder: string): string => {
+  let a = 0x811c9dc5
+  let b = 0x050c5d1f
+  for (let i = 0; i < holder.length; i++) {
+    const c = holder.charCodeAt(i)
+    a = Math.imul(a ^ c, 0x01000193)
+    b = Math.imul(b ^ c, 0x01000193) ^ (b >>> 15)
+  }
+  // 26 bits of each lane (their well-mixed high bits): 52 bits, exact in a double
+  return String((a >>> 6) * 2 ** 26 + (b >>> 6) + 3)
+}
 
 /** One waiting acquisition in this process. */
 interface Waiter {

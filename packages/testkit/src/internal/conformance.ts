@@ -1,5 +1,5 @@
 import { assert } from "@effect/vitest"
-import { Cause, Deferred, Duration, Effect, Either, Exit, Fiber, Layer, Option, Runtime, Scope, TestClock } from "effect"
+import { Cause, Deferred, Duration, Effect, Either, Exit, Fiber, FiberRef, Layer, Option, Runtime, Scope, TestClock } from "effect"
 import * as FairLock from "@lockstep/core/FairLock"
 import type { Lease } from "@lockstep/core/Lease"
 import * as Lock from "@lockstep/core/Lock"
@@ -210,11 +210,16 @@ export const register = (harness: Harness, test: TestFn): void => {
       const lock = yield* Lock.make(yield* freshKey("lease"), { lease: short })
       const first = yield* hold(Lock.acquire(lock))
       const lost = yield* Effect.fork(Effect.flip(first.lease.lost))
+      // a lease whose lost nobody asks for until after the loss
+      const other = yield* hold(Lock.acquire(yield* Lock.make(yield* freshKey("lease-unasked"), { lease: short })))
       assert.isTrue(Option.isNone(yield* Effect.scoped(Lock.tryAcquire(lock))))
       yield* advance(shortMs)
       const error = yield* Fiber.join(lost)
       assert.strictEqual(error._tag, "LockLost")
       assert.strictEqual(error.reason, "DeadlinePassed")
+      const late = yield* Effect.flip(other.lease.lost).pipe(promptly)
+      assert.strictEqual(late.reason, "DeadlinePassed")
+      yield* other.release
       const next = yield* Effect.scoped(Lock.tryAcquire(lock))
       assert.isTrue(Option.isSome(next))
       yield* first.release
@@ -504,6 +509,26 @@ export const register = (harness: Harness, test: TestFn): void => {
       yield* Effect.scoped(Lock.withLock(body, lock))
       yield* body.pipe(Lock.withLock(lock))
       assert.deepStrictEqual(log, ["body", "resource closed, locked: true", "body", "resource closed, locked: true"])
+      assert.isFalse(yield* Lock.isLocked(lock))
+    })))
+
+  test("withLock's body runs as part of its caller: the fiber refs it sets are seen after it, as inline", () =>
+    withBackend(Effect.gen(function*() {
+      const lock = yield* Lock.make(yield* freshKey("refs"))
+      const ref = FiberRef.unsafeMake(0)
+      // a body that changes no fiber ref leaves the caller's as they were
+      yield* Lock.withLock(Effect.void, lock)
+      assert.strictEqual(yield* FiberRef.get(ref), 0)
+      // one that does hands the change on, also through a nested (re-entrant) withLock
+      yield* Lock.withLock(FiberRef.set(ref, 1), lock)
+      assert.strictEqual(yield* FiberRef.get(ref), 1)
+      yield* Lock.withLock(Lock.withLock(FiberRef.update(ref, (n) => n + 1), lock), lock)
+      assert.strictEqual(yield* FiberRef.get(ref), 2)
+      // a failing body too: its change is kept with the failure, as an inline body's would be
+      const failed = yield* Effect.either(Lock.withLock(Effect.zipRight(FiberRef.set(ref, 3), Effect.fail("boom")), lock))
+      assert.deepStrictEqual(failed, Either.left("boom"))
+      assert.strictEqual(yield* FiberRef.get(ref), 3)
+      // and the lock is free after each of them, held by nobody
       assert.isFalse(yield* Lock.isLocked(lock))
     })))
 

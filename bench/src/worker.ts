@@ -1,23 +1,29 @@
 /**
- * A worker process of scenario 3, driven over IPC by its parent: `open` a side's lock on a key
- * (its own connection), `run` the lock/hold/unlock loop in a shared time window, `close`, `exit`.
- * Exits when the parent goes away.
+ * A worker process of scenarios 1 and 3, driven over IPC by its parent: `open` a side's lock on a
+ * key (its own connection), `run` the lock/hold/unlock loop in a given time window (and report the
+ * process's CPU time it took), `close`, `exit`. Exits when the parent goes away.
  */
 import { Effect, Exit, Queue, Scope } from "effect"
 import type { Locker, LoopResult } from "./shared.js"
-import { now, runLoop, sleep } from "./shared.js"
+import { cpuMsSince, now, runLoop, sleep } from "./shared.js"
 import { sideById } from "./sides.js"
 
 export type Command =
   | { readonly type: "open"; readonly side: string; readonly url: string; readonly key: string }
-  | { readonly type: "run"; readonly startAtEpochMs: number; readonly windowMs: number; readonly holdMs: number }
+  | {
+    readonly type: "run"
+    readonly startAtEpochMs: number
+    readonly windowMs: number
+    readonly holdMs: number
+    readonly trackWaits: boolean
+  }
   | { readonly type: "close" }
   | { readonly type: "exit" }
 
 export type Reply =
   | { readonly type: "ready" }
   | { readonly type: "opened" }
-  | { readonly type: "done"; readonly result: LoopResult }
+  | { readonly type: "done"; readonly result: LoopResult; readonly cpuMs: number }
   | { readonly type: "closed" }
   | { readonly type: "error"; readonly message: string }
 
@@ -55,8 +61,13 @@ const main = Effect.gen(function*() {
         // the window is given on the wall clock, shared by all workers; loops use the monotonic one
         const startAt = now() + (command.startAtEpochMs - Date.now())
         yield* Effect.promise(() => sleep(Math.max(0, startAt - now())))
-        const result = yield* runLoop(locker, { holdMs: command.holdMs, endAt: startAt + command.windowMs, trackWaits: true })
-        send({ type: "done", result })
+        const cpu = process.cpuUsage()
+        const result = yield* runLoop(locker, {
+          holdMs: command.holdMs,
+          endAt: startAt + command.windowMs,
+          trackWaits: command.trackWaits
+        })
+        send({ type: "done", result, cpuMs: cpuMsSince(cpu) })
         break
       }
       case "close": {
