@@ -30,22 +30,26 @@ export interface Side {
   readonly open: (url: string, key: string) => Effect.Effect<Locker, never, Scope.Scope>
 }
 
+/** A connection of its own with `return 1` loaded: one EVALSHA round trip per call. */
+const returnOne = (url: string) =>
+  Effect.gen(function*() {
+    const client = yield* connect(url)
+    const sha = String(yield* Effect.promise(() => client.script("LOAD", "return 1")))
+    return () => client.evalsha(sha, 0)
+  })
+
 /** Not a lock: two EVALSHA round trips of `return 1` per cycle, the floor for a script-based lock. */
 const baselineEvalsha: Side = {
   id: "baseline-evalsha",
   name: "baseline: 2 x EVALSHA 'return 1'",
   open: (url) =>
-    Effect.gen(function*() {
-      const client = yield* connect(url)
-      const sha = String(yield* Effect.promise(() => client.script("LOAD", "return 1")))
-      const call = () => client.evalsha(sha, 0)
-      return promiseLocker(async () => {
+    Effect.map(returnOne(url), (call) =>
+      promiseLocker(async () => {
         await call()
         return async () => {
           await call()
         }
-      })
-    })
+      }))
 }
 
 /**
@@ -56,11 +60,9 @@ const floorEffectEvalsha: Side = {
   id: "floor-effect-evalsha",
   name: "floor: the baseline through Effect.promise",
   open: (url) =>
-    Effect.gen(function*() {
-      const client = yield* connect(url)
-      const sha = String(yield* Effect.promise(() => client.script("LOAD", "return 1")))
-      const call = Effect.promise(() => client.evalsha(sha, 0))
-      return { withLock: <A, E>(body: Effect.Effect<A, E>) => Effect.zipRight(call, Effect.zipLeft(body, call)) }
+    Effect.map(returnOne(url), (call) => {
+      const evalsha = Effect.promise(call)
+      return { withLock: <A, E>(body: Effect.Effect<A, E>) => Effect.zipRight(evalsha, Effect.zipLeft(body, evalsha)) }
     })
 }
 
