@@ -141,7 +141,7 @@ const whileHeld = <A, E, R>(
 ): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> => {
   const held = (lease as Lease & { readonly [heldOf]: Held })[heldOf]
   return Effect.flatMap(Scope.make(), (scope) => Effect.withFiberRuntime((parent) => {
-    // a new record is not in the caller's holds (withLock never puts it there): the body gets it
+    // withLock leaves the caller's holds alone: the record is the body's
     const all = parent.getFiberRef(heldLeases).all
     const holds: HeldLeases = { all: all.includes(held) ? all : addHeld(all, held), taken: [] }
     // the body's fiber refs once set up: if they are the same object when it ends, the body
@@ -248,12 +248,18 @@ export const acquire = (
   timeoutMs: number | undefined
 ): Effect.Effect<Option.Option<Lease>, AttemptError | LockTimeout, Scope.Scope> =>
   Effect.uninterruptibleMask((restore) =>
-    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore, true), (grant) => {
+    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore), (grant) => {
       if (Option.isNone(grant)) return Effect.succeedNone
       const { close, lease } = grant.value
+      const held = (lease as Lease & { readonly [heldOf]: Held })[heldOf]
       return Effect.flatMap(Effect.scope, (scope) =>
         Effect.zipRight(
-          Scope.addFinalizer(scope, close),
+          Effect.zipRight(
+            // a new record joins the holds of the fiber whose scope owns the lease (a re-entered one is there)
+            FiberRef.update(heldLeases, (leases) =>
+              leases.all.includes(held) ? leases : { all: addHeld(leases.all, held), taken: addHeld(leases.taken, held) }),
+            Scope.addFinalizer(scope, close)
+          ),
           // an interruption that arrived while the grant was in flight: the caller gets no
           // lease, so the grant is released now rather than when the caller's scope closes
           Effect.as(Effect.onInterrupt(restore(Effect.void), () => close), Option.some(lease))
@@ -273,7 +279,7 @@ export const withLease = <A, E, R>(
   timeoutMs: number | undefined
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
   Effect.uninterruptibleMask((restore) =>
-    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore, false), (grant) => {
+    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore), (grant) => {
       // only a zero timeout ends without a grant or a LockTimeout, and withLock never makes one
       if (Option.isNone(grant)) return Effect.dieMessage("lockstep: a waiting acquisition ended without a lease")
       const { close, lease } = grant.value
@@ -289,8 +295,7 @@ const acquireGrant = (
   spec: LockSpec,
   permits: number,
   timeoutMs: number | undefined,
-  restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>,
-  intoFiber: boolean
+  restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
 ): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
   // what the first attempt needs is read synchronously: this is the path every lock takes
   Effect.withFiberRuntime((fiber) => {
@@ -325,7 +330,7 @@ const acquireGrant = (
                 stale = true
                 return Effect.as(Effect.zipRight(found.lose("NotHeld"), cleanUpAttempt(spec, request)), result)
               }
-              return Effect.map(attach(spec, request, result.fence, sentAt, found, intoFiber), (grant) => {
+              return Effect.map(attach(spec, request, result.fence, sentAt, found), (grant) => {
                 granted = grant
                 return result
               })
@@ -367,7 +372,7 @@ const acquireGrant = (
             return Effect.flatMap(monotonicMillis, (now) => {
               // start over as a new holder, within what is left of the wait
               const left = timeoutMs === undefined || timeoutMs === 0 ? timeoutMs : Math.max(1, timeoutMs - (now - startedAt))
-              return restore(acquireGrant(spec, permits, left, restore, intoFiber))
+              return restore(acquireGrant(spec, permits, left, restore))
             })
           }
           return Effect.succeed(Option.fromNullable(granted))
@@ -398,16 +403,15 @@ const cancel = (spec: LockSpec, holder: string): Effect.Effect<void> =>
 /**
  * Binds a grant to the lease's scope: joins the holder's live record (re-entry) or starts a new
  * one with its watchdog, and registers the release. The last lease of a record to close stops the
- * watchdog; every lease releases its own hold. A new record joins the current fiber's holds
- * `intoFiber`; withLock leaves them alone and hands the record to its body's fiber instead.
+ * watchdog; every lease releases its own hold. Where the record is held (the scope owner's fiber,
+ * or withLock's body) is the caller's business.
  */
 const attach = (
   spec: LockSpec,
   request: AcquireRequest,
   fence: number,
   sentAt: number,
-  found: Held | undefined,
-  intoFiber: boolean
+  found: Held | undefined
 ): Effect.Effect<Grant> => {
   const bind = (record: Held): Grant => {
     if (spec.mode === "exclusive") record.counts.exclusive = request.count
@@ -434,13 +438,7 @@ const attach = (
     found.leases++
     return Effect.succeed(bind(found))
   }
-  return Effect.flatMap(startHeld(spec, request, fence, sentAt), (held) =>
-    intoFiber
-      ? Effect.as(
-        FiberRef.update(heldLeases, (leases) => ({ all: addHeld(leases.all, held), taken: addHeld(leases.taken, held) })),
-        bind(held)
-      )
-      : Effect.succeed(bind(held)))
+  return Effect.map(startHeld(spec, request, fence, sentAt), bind)
 }
 
 /**
