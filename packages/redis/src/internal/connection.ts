@@ -11,6 +11,7 @@ import type { RedisOptions } from "ioredis"
 import type { Service } from "@lockstep/core/LockBackend"
 import { BackendError } from "@lockstep/core/LockError"
 import type { Client, Connection, Tuning } from "../RedisBackend.js"
+import { makeDeadlines } from "./deadlines.js"
 
 /** The command timeout of `tuning` (default 2 seconds). */
 export const commandTimeout = (tuning?: Tuning): Duration.Duration => Duration.decode(tuning?.commandTimeout ?? "2 seconds")
@@ -197,9 +198,10 @@ export interface Tracker {
   readonly watch: (client: Client, role: Role) => Effect.Effect<void, never, Scope.Scope>
   /**
    * Settles with the promise, or fails with BackendError once the command timeout passes. The
-   * timer settles the effect itself rather than interrupting it: callers run grants and the
+   * deadline settles the effect itself rather than interrupting it: callers run grants and the
    * registration of their release uninterruptibly (so an interruption never leaks a grant), and
-   * a silent server must still not stall them.
+   * a silent server must still not stall them. One timer keeps the deadlines of all calls in
+   * flight (see deadlines.ts).
    */
   readonly call: <A>(operation: string, promise: () => Promise<A>, role?: Role) => Effect.Effect<A, BackendError>
   /** A BackendError naming the endpoint and, while `role`'s connection is down, its last error. */
@@ -282,28 +284,29 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
 
     const locateAny = <E>(error: E): E | BackendError => error instanceof BackendError ? locate(error) : error
 
+    const deadlines = makeDeadlines(Duration.toMillis(timeout))
     const call = <A>(operation: string, promise: () => Promise<A>, role: Role = "commands") =>
       Effect.async<A, BackendError>((resume) => {
-        const timer = setTimeout(
-          () =>
-            resume(Effect.fail(fail(
-              operation,
-              new Error(`no answer from Redis within ${Duration.format(timeout)}`, { cause: lastError.get(role)?.error }),
-              role
-            ))),
-          Duration.toMillis(timeout)
+        const pending = deadlines.start(() =>
+          resume(Effect.fail(fail(
+            operation,
+            new Error(`no answer from Redis within ${Duration.format(timeout)}`, { cause: lastError.get(role)?.error }),
+            role
+          )))
         )
         promise().then(
           (value) => {
-            clearTimeout(timer)
+            deadlines.end(pending)
             resume(Effect.succeed(value))
           },
           (cause: unknown) => {
-            clearTimeout(timer)
+            deadlines.end(pending)
             resume(Effect.fail(fail(operation, cause, role)))
           }
         )
-        return Effect.sync(() => clearTimeout(timer))
+        // no canceler: an interrupted call's entry simply expires (its late resume is ignored),
+        // whereas a canceler wraps every call in an interruption handler, which costs more
+        // than the rest of the call
       })
 
     const report: Effect.Effect<never> = Effect.forever(
