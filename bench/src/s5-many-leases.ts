@@ -8,7 +8,7 @@
  * are about holding many leases rather than about a burst of N simultaneous acquisitions.
  */
 import { monitorEventLoopDelay } from "node:perf_hooks"
-import { Deferred, Duration, Effect, Fiber, Layer } from "effect"
+import { Deferred, Duration, Effect, Either, Exit, Fiber, Layer, Scope } from "effect"
 import { Lock } from "@lockstep/core"
 import { RedisBackend } from "@lockstep/redis"
 import type { Env, Failures } from "./shared.js"
@@ -144,6 +144,21 @@ export const run = (env: Env) =>
 
     const rounds: Array<Effect.Effect.Success<typeof round>> = []
     for (let i = 0; i < env.rounds; i++) rounds.push(yield* round)
+
+    // the lease alone: the same leases taken with Lock.acquire into one scope, by one fiber (no
+    // fiber per lease), then the heap after a full collection
+    const scopedLease = Effect.gen(function*() {
+      collectGarbage()
+      const heapBefore = process.memoryUsage().heapUsed
+      const scope = yield* Scope.make()
+      const taken = yield* Effect.either(Scope.extend(Effect.forEach(locks, (lock) => Lock.acquire(lock), { discard: true }), scope))
+      collectGarbage()
+      const heapHeld = process.memoryUsage().heapUsed
+      yield* Scope.close(scope, Exit.void)
+      return Either.isRight(taken) ? (heapHeld - heapBefore) / leases : NaN
+    })
+    const scopedHeap: Array<number> = []
+    for (let i = 0; i < env.rounds; i++) scopedHeap.push(yield* scopedLease)
     const m = (f: (r: (typeof rounds)[number]) => number) => median(rounds.map(f))
     const summary = {
       leases,
@@ -166,6 +181,7 @@ export const run = (env: Env) =>
       clientCpuUsPerRenewal: m((r) => r.clientCpuUsPerRenewal),
       serverCpuShare: m((r) => r.serverCpuShare),
       heapPerLeaseBytes: m((r) => r.heapPerLeaseBytes),
+      heapPerScopedLeaseBytes: median(scopedHeap),
       gcPauseMs: m((r) => r.gcPauseMs),
       renewScriptsPerPeriod: m((r) => r.renewScriptsPerPeriod),
       renewScriptUsecPerPeriod: m((r) => r.renewScriptUsecPerPeriod),
@@ -190,6 +206,10 @@ export const run = (env: Env) =>
         ["client CPU per lease renewal, us (leases held on average x periods)", fmt(summary.clientCpuUsPerRenewal, 1)],
         ["redis-server CPU while holding, % of one core", fmt(summary.serverCpuShare * 100, 1)],
         [`heap per held lease at the end of the hold, bytes${gcAvailable() ? "" : " (no --expose-gc: rough)"}`, fmt(summary.heapPerLeaseBytes)],
+        [
+          `heap per lease taken with Lock.acquire into one scope (no fiber per lease), bytes${gcAvailable() ? "" : " (rough)"}`,
+          fmt(summary.heapPerScopedLeaseBytes)
+        ],
         ["full GC pause with those leases held, ms", gcAvailable() ? fmt(summary.gcPauseMs) : "-"],
         [`scripts (round trips) per ${renewPeriodMs} ms period during the hold`, fmt(summary.renewScriptsPerPeriod, 1)],
         ["script time per period during the hold, ms (server)", fmt(summary.renewScriptUsecPerPeriod / 1000, 1)]

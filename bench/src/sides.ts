@@ -10,12 +10,15 @@ import { Mutex } from "redis-semaphore"
 import Redlock from "redlock"
 import { FairLock, Lock, LockBackend } from "@lockstep/core"
 import { RedisBackend } from "@lockstep/redis"
+import { endedKeyOf, keysOf } from "@lockstep/redis/internal/redisBackend"
+import * as scripts from "@lockstep/redis/internal/scripts"
 import type { Locker } from "./shared.js"
 import { connect, promiseLocker } from "./shared.js"
 
 export type SideId =
   | "baseline-evalsha"
   | "floor-effect-evalsha"
+  | "floor-lockstep-scripts"
   | "floor-lockstep-backend"
   | "lockstep-lock"
   | "lockstep-fairlock"
@@ -63,6 +66,35 @@ const floorEffectEvalsha: Side = {
     Effect.map(returnOne(url), (call) => {
       const evalsha = Effect.promise(call)
       return { withLock: <A, E>(body: Effect.Effect<A, E>) => Effect.zipRight(evalsha, Effect.zipLeft(body, evalsha)) }
+    })
+}
+
+/**
+ * Not a lock API: lockstep's own acquire and release scripts, one EVALSHA each per cycle (a new
+ * holder each time, with the arguments the backend sends), from a plain ioredis loop without
+ * Effect. What the scripts cost on the server and on the wire: the ceiling of any client code
+ * around them.
+ */
+const floorLockstepScripts: Side = {
+  id: "floor-lockstep-scripts",
+  name: "floor: lockstep's scripts, plain ioredis",
+  open: (url, key) =>
+    Effect.gen(function*() {
+      const client = yield* connect(url)
+      const [acquire, release] = yield* Effect.promise(() =>
+        Promise.all([client.script("LOAD", scripts.acquire), client.script("LOAD", scripts.release)])
+      )
+      let next = 0
+      return promiseLocker(async () => {
+        const holder = `bench-scripts:${++next}`
+        const keys = keysOf(key, endedKeyOf(key, holder))
+        // holder, mode, permits, limit, leaseMs, fair, waiterTtlMs, count, wake code, register
+        await client.evalsha(String(acquire), keys.length, ...keys, holder, "x", 1, 1, 30_000, "0", 5_000, 1, "0", "0")
+        return async () => {
+          // holder, mode, count, leaseMs
+          await client.evalsha(String(release), keys.length, ...keys, holder, "x", 1, 30_000)
+        }
+      })
     })
 }
 
@@ -166,6 +198,7 @@ const edlPoll = effectDistributedLock(
 export const sides = {
   baselineEvalsha,
   floorEffectEvalsha,
+  floorLockstepScripts,
   floorLockstepBackend,
   lockstepLock,
   lockstepFairLock,
@@ -179,6 +212,7 @@ export const sides = {
 export const uncontendedSides = [
   sides.baselineEvalsha,
   sides.floorEffectEvalsha,
+  sides.floorLockstepScripts,
   sides.floorLockstepBackend,
   sides.lockstepLock,
   sides.redlock,
