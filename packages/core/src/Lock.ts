@@ -131,7 +131,8 @@ class LockImpl implements Lock {
 /** @internal */
 export const fromSpec = (spec: LockSpec): Lock => new LockImpl(spec)
 
-const specOf = (lock: Lock): LockSpec => (lock as LockImpl).spec
+/** @internal */
+export const specOf = (lock: Lock): LockSpec => (lock as LockImpl).spec
 
 /**
  * Is `u` a lock handle?

@@ -32,6 +32,11 @@ export * as LockError from "./LockError.js"
 /**
  * @since 0.1.0
  */
+export * as MultiLock from "./MultiLock.js"
+
+/**
+ * @since 0.1.0
+ */
 export * as ReadWriteLock from "./ReadWriteLock.js"
 
 /**

@@ -126,24 +126,28 @@ const heldLeases = GlobalValue.globalValue(
 const heldOf = Symbol.for("@lockstep/core/Lease/held")
 
 /**
- * Runs `body` under `lease` in a fiber of its own, with the current fiber's holds (it re-enters
- * them as the current fiber would: it is still this fiber's critical section) and a scope of its
- * own, closed when it ends. If the hold is lost meanwhile, the body is interrupted and this fails
- * with the `LockLost`; otherwise it ends as the body did, and the body's fiber refs are inherited
- * as with `Fiber.join`. `close` ends the lease after the body's scope closed, however it ended.
- * Call it uninterruptibly; `restore` is where it may be interrupted.
+ * Runs `body` under `leases` (one for a lock, one per part for a multi-lock) in a fiber of its
+ * own, with the current fiber's holds (it re-enters them as the current fiber would: it is still
+ * this fiber's critical section) and a scope of its own, closed when it ends. If any hold is lost
+ * meanwhile, the body is interrupted and this fails with that `LockLost`; otherwise it ends as the
+ * body did, and the body's fiber refs are inherited as with `Fiber.join`. `close` ends the leases
+ * after the body's scope closed, however it ended. Call it uninterruptibly; `restore` is where it
+ * may be interrupted.
  */
-const whileHeld = <A, E, R>(
-  lease: Lease,
+export const whileHeld = <A, E, R>(
+  leases: ReadonlyArray<Lease>,
   body: Effect.Effect<A, E, R>,
   restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
   close: Effect.Effect<void>
 ): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> => {
-  const held = (lease as Lease & { readonly [heldOf]: Held })[heldOf]
+  const helds = leases.map((lease) => (lease as Lease & { readonly [heldOf]: Held })[heldOf])
   return Effect.flatMap(Scope.make(), (scope) => Effect.withFiberRuntime((parent) => {
-    // withLock leaves the caller's holds alone: the record is the body's
-    const all = parent.getFiberRef(heldLeases).all
-    const holds: HeldLeases = { all: all.includes(held) ? all : addHeld(all, held), taken: [] }
+    // withLock leaves the caller's holds alone: the records are the body's
+    const all = helds.reduce(
+      (acc, held) => (acc.includes(held) ? acc : addHeld(acc, held)),
+      parent.getFiberRef(heldLeases).all
+    )
+    const holds: HeldLeases = { all, taken: [] }
     // the body's fiber refs once set up: if they are the same object when it ends, the body
     // changed none of them and there is nothing to inherit
     let refsAtStart: FiberRefs.FiberRefs | undefined
@@ -164,11 +168,11 @@ const whileHeld = <A, E, R>(
     return Effect.flatMap(
       Effect.fork(restore(inside)),
       (fiber) => {
-        held.bodies.add(fiber)
-        if (held.dead) fiber.unsafeInterruptAsFork(FiberId.none)
+        for (const held of helds) held.bodies.add(fiber)
+        if (helds.some((held) => held.dead)) fiber.unsafeInterruptAsFork(FiberId.none)
         // the body's scoped resources close before the lease does
         const done = (exit: Exit.Exit<unknown, unknown>) => {
-          held.bodies.delete(fiber)
+          for (const held of helds) held.bodies.delete(fiber)
           // the lease ends even if a finalizer of the body dies
           return Effect.ensuring(Scope.close(scope, exit), close)
         }
@@ -176,8 +180,9 @@ const whileHeld = <A, E, R>(
           // interrupted while waiting for the body: interrupt it too
           onFailure: (cause) => Effect.zipRight(Effect.flatMap(Fiber.interrupt(fiber), done), Effect.failCause(cause)),
           onSuccess: (exit) => {
-            const result: Effect.Effect<A, E | LockLost> = Exit.isFailure(exit) && held.dead && Cause.isInterruptedOnly(exit.cause)
-              ? held.lost
+            const dead = Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause) ? helds.find((held) => held.dead) : undefined
+            const result: Effect.Effect<A, E | LockLost> = dead !== undefined
+              ? dead.lost
               : fiber.getFiberRefs() === refsAtStart
               ? exit
               : Effect.zipRight(Fiber.inheritAll(fiber), exit)
@@ -286,7 +291,7 @@ export const withLease = <A, E, R>(
       // an interruption that arrived while the grant was in flight stops here, before the body
       return Effect.matchCauseEffect(restore(Effect.void), {
         onFailure: (cause) => Effect.zipRight(close, Effect.failCause(cause)),
-        onSuccess: () => whileHeld(lease, body, restore, close)
+        onSuccess: () => whileHeld([lease], body, restore, close)
       })
     })
   )

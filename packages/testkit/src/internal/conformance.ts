@@ -12,6 +12,7 @@ import type { Harness } from "../Conformance.js"
 import * as FaultyBackend from "../FaultyBackend.js"
 import * as History from "../History.js"
 import * as ModelCheck from "../ModelCheck.js"
+import * as MultiLockConformance from "./multiLockConformance.js"
 
 type TestFn = (name: string, self: () => Effect.Effect<void, unknown, never>, timeout?: number) => void
 
@@ -939,4 +940,6 @@ export const register = (harness: Harness, test: TestFn): void => {
         yield* assertFree(key)
       }), lossy(harness.layer))
     }), 120_000)
+
+  MultiLockConformance.register({ live, advance, assertFree, freshKey, hold, promptly, settle, shortMs, withBackend }, test)
 }
