@@ -340,6 +340,43 @@ export interface Subscription {
 }
 
 /**
+ * A call on a latch. `id` names the call (a fresh one per call): a copy of a call the backend
+ * already applied, delivered again, changes nothing.
+ *
+ * @example
+ * ```ts
+ * import type { LockBackend } from "@lockstep/core"
+ *
+ * const request: LockBackend.LatchRequest = { key: "batch:7", id: crypto.randomUUID() }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface LatchRequest {
+  readonly key: string
+  readonly id: string
+}
+
+/**
+ * Setting a latch's count.
+ *
+ * @example
+ * ```ts
+ * import type { LockBackend } from "@lockstep/core"
+ *
+ * const request: LockBackend.SetCountRequest = { key: "batch:7", id: crypto.randomUUID(), count: 3 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface SetCountRequest extends LatchRequest {
+  /** A positive integer. */
+  readonly count: number
+}
+
+/**
  * The operations a backend provides.
  *
  * @example
@@ -376,6 +413,24 @@ export interface Service {
   readonly cancel: (request: CancelRequest) => Effect.Effect<void, BackendError>
   /** `mode`: what the waiter asks for; a wake-up for shared waiters goes to those that may fit. */
   readonly subscribe: (key: string, holder: string, mode: HoldMode) => Effect.Effect<Subscription, BackendError, Scope.Scope>
+  /**
+   * Sets the latch's count if it is 0 (never set, or counted down to 0); `true` if it did, or if
+   * this is a copy of a call that did. Wakes the latch's waiters. `InvalidLockOptions` when a lock
+   * holds the key.
+   */
+  readonly latchSetCount: (request: SetCountRequest) => Effect.Effect<boolean, BackendError | InvalidLockOptions>
+  /**
+   * Takes one off the latch's count (never below 0) and succeeds with the count after; the call
+   * that reaches 0 wakes every waiter of the latch. A copy of an applied call changes nothing.
+   */
+  readonly latchCountDown: (request: LatchRequest) => Effect.Effect<number, BackendError | InvalidLockOptions>
+  /** The latch's count: 0 when never set or counted down. */
+  readonly latchCount: (key: string) => Effect.Effect<number, BackendError | InvalidLockOptions>
+  /**
+   * A waiter's subscription to the latch's signal: woken (every waiter) when the count reaches 0
+   * or is set anew. Subscribe before reading the count.
+   */
+  readonly latchSubscribe: (key: string, waiter: string) => Effect.Effect<Subscription, BackendError, Scope.Scope>
 }
 
 /**
@@ -409,3 +464,19 @@ export class LockBackend extends Context.Tag("@lockstep/core/LockBackend")<LockB
  * @category constants
  */
 export const forceReleaseMemoryMs = 60_000
+
+/**
+ * How long a backend remembers the id of a latch call it applied, so that a copy of it changes
+ * nothing: one minute. A copy delivered later than that is applied again.
+ *
+ * @example
+ * ```ts
+ * import { LockBackend } from "@lockstep/core"
+ *
+ * console.log(LockBackend.latchCallMemoryMs) // 60000
+ * ```
+ *
+ * @since 0.1.0
+ * @category constants
+ */
+export const latchCallMemoryMs = 60_000

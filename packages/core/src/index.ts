@@ -7,6 +7,11 @@
 /**
  * @since 0.1.0
  */
+export * as CountDownLatch from "./CountDownLatch.js"
+
+/**
+ * @since 0.1.0
+ */
 export * as FairLock from "./FairLock.js"
 
 /**

@@ -135,7 +135,18 @@ export const ignoreReleaseLayer: <E, R>(layer: Layer.Layer<LockBackend, E, R>) =
  * @since 0.1.0
  * @category models
  */
-export type Operation = "acquire" | "release" | "renew" | "inspect" | "forceRelease" | "cancel" | "subscribe"
+export type Operation =
+  | "acquire"
+  | "release"
+  | "renew"
+  | "inspect"
+  | "forceRelease"
+  | "cancel"
+  | "subscribe"
+  | "latchSetCount"
+  | "latchCountDown"
+  | "latchCount"
+  | "latchSubscribe"
 
 /** Wraps every operation of `backend` in `around`, which is told which operation it wraps. */
 const eachOperation = (
@@ -149,7 +160,11 @@ const eachOperation = (
   inspect: (key) => around("inspect", backend.inspect(key)),
   forceRelease: (request) => around("forceRelease", backend.forceRelease(request)),
   cancel: (request) => around("cancel", backend.cancel(request)),
-  subscribe: (key, holder, mode) => around("subscribe", backend.subscribe(key, holder, mode))
+  subscribe: (key, holder, mode) => around("subscribe", backend.subscribe(key, holder, mode)),
+  latchSetCount: (request) => around("latchSetCount", backend.latchSetCount(request)),
+  latchCountDown: (request) => around("latchCountDown", backend.latchCountDown(request)),
+  latchCount: (key) => around("latchCount", backend.latchCount(key)),
+  latchSubscribe: (key, waiter) => around("latchSubscribe", backend.latchSubscribe(key, waiter))
 })
 
 /**
@@ -257,7 +272,7 @@ export const failingLayer = (
  * @category models
  */
 export interface DuplicatingOptions {
-  /** The operation(s) to deliver twice (`subscribe` and `inspect` are not state changes and are never duplicated). */
+  /** The operation(s) to deliver twice (reads and subscriptions are not state changes and are never duplicated). */
   readonly operation: Operation | ReadonlyArray<Operation>
   /** A probability in [0, 1] (from Effect's `Random`), or a predicate on the 1-based call number of that operation. */
   readonly when: number | ((call: number) => boolean)
@@ -301,12 +316,14 @@ export const duplicating = (options: DuplicatingOptions) => (backend: Service): 
     })
   const twice = <A, E, R>(operation: Operation, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
     // reads and subscriptions change no state: nothing to deliver twice
-    operation === "inspect" || operation === "subscribe" ? effect : Effect.flatMap(decide(operation), (copy) => {
-      if (!copy) return effect
-      if (options.copyAfter === undefined) return Effect.zipRight(Effect.exit(effect), effect)
-      const late = Effect.delay(Effect.exit(effect), options.copyAfter)
-      return Effect.tap(effect, () => Effect.forkDaemon(late))
-    })
+    operation === "inspect" || operation === "subscribe" || operation === "latchCount" || operation === "latchSubscribe"
+      ? effect
+      : Effect.flatMap(decide(operation), (copy) => {
+        if (!copy) return effect
+        if (options.copyAfter === undefined) return Effect.zipRight(Effect.exit(effect), effect)
+        const late = Effect.delay(Effect.exit(effect), options.copyAfter)
+        return Effect.tap(effect, () => Effect.forkDaemon(late))
+      })
   return eachOperation(backend, twice)
 }
 
@@ -438,7 +455,11 @@ export const losingData = <E>(layer: Layer.Layer<LockBackend, E>): Layer.Layer<L
       inspect: (key) => Effect.suspend(() => current.service.inspect(key)),
       forceRelease: (request) => Effect.suspend(() => current.service.forceRelease(request)),
       cancel: (request) => Effect.suspend(() => current.service.cancel(request)),
-      subscribe: (key, holder, mode) => Effect.suspend(() => current.service.subscribe(key, holder, mode))
+      subscribe: (key, holder, mode) => Effect.suspend(() => current.service.subscribe(key, holder, mode)),
+      latchSetCount: (request) => Effect.suspend(() => current.service.latchSetCount(request)),
+      latchCountDown: (request) => Effect.suspend(() => current.service.latchCountDown(request)),
+      latchCount: (key) => Effect.suspend(() => current.service.latchCount(key)),
+      latchSubscribe: (key, waiter) => Effect.suspend(() => current.service.latchSubscribe(key, waiter))
     }
     return Context.make(LockBackend, service).pipe(Context.add(DataLoss, { wipe }))
   }))

@@ -23,6 +23,10 @@
  *   remembered while `now < until`; a holder whose release was answered `NotHeld` as `!<holder>`,
  *   and an applied forced release as `force|<1 if it dropped a holder, else 0>|<id>`, so that a
  *   copy answers as the first delivery did.
+ * - latches live apart from locks (`latches`): a latch call on a key with a live holder is refused
+ *   (`InvalidLockOptions`, field `key`); the ids of applied latch calls are remembered for
+ *   `latchCallMemoryMs`, during which a copy changes nothing; a latch at 0 that remembers no call
+ *   is dropped from the state.
  *
  * @since 0.1.0
  */
@@ -34,11 +38,13 @@ import type {
   ForceReleaseRequest,
   HoldMode,
   KeyState,
+  LatchRequest,
   ReleaseRequest,
   RenewRequest,
-  RenewResult
+  RenewResult,
+  SetCountRequest
 } from "@lockstep/core/LockBackend"
-import { forceReleaseMemoryMs } from "@lockstep/core/LockBackend"
+import { forceReleaseMemoryMs, latchCallMemoryMs } from "@lockstep/core/LockBackend"
 import { InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
 
 /**
@@ -127,6 +133,7 @@ export interface Key {
  */
 export interface State {
   readonly keys: ReadonlyMap<string, Key>
+  readonly latches: ReadonlyMap<string, Latch>
 }
 
 /**
@@ -191,7 +198,7 @@ export const emptyKey: Key = { fence: 0, fenceUntil: 0, ended: new Map(), limit:
  * @since 0.1.0
  * @category constructors
  */
-export const empty: State = { keys: new Map() }
+export const empty: State = { keys: new Map(), latches: new Map() }
 
 /**
  * The stored state of a key, as is (expired entries included).
@@ -211,7 +218,7 @@ export const getKey = (state: State, key: string): Key => state.keys.get(key) ??
 const setKey = (state: State, key: string, value: Key): State => {
   const keys = new Map(state.keys)
   keys.set(key, normalize(value))
-  return { keys }
+  return { ...state, keys }
 }
 
 /** The shared limit is forgotten once the key has no shared holder left. */
@@ -614,3 +621,127 @@ export const cancel = (state: State, request: CancelRequest, now: number): Step<
   const next = findHold(live, request.holder) === undefined ? remember(live, request.holder, now + request.leaseMs) : live
   return { state: setKey(state, request.key, next), result: undefined }
 }
+
+/**
+ * A latch's state: its count, and the ids of the calls applied to it -> until when they are
+ * remembered (a copy of a remembered call changes nothing).
+ *
+ * @example
+ * ```ts
+ * import type { Model } from "@lockstep/testkit"
+ *
+ * const latch: Model.Latch = { count: 2, applied: new Map([["c:1", 60_000]]) }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Latch {
+  readonly count: number
+  readonly applied: ReadonlyMap<string, number>
+}
+
+const emptyLatch: Latch = { count: 0, applied: new Map() }
+
+/** The latch with the calls it no longer remembers dropped. */
+const liveLatch = (state: State, key: string, now: number): Latch => {
+  const latch = state.latches.get(key) ?? emptyLatch
+  const applied = new Map([...latch.applied].filter(([, until]) => now < until))
+  return { count: latch.count, applied }
+}
+
+const setLatch = (state: State, key: string, latch: Latch): State => {
+  const latches = new Map(state.latches)
+  if (latch.count === 0 && latch.applied.size === 0) latches.delete(key)
+  else latches.set(key, latch)
+  return { ...state, latches }
+}
+
+const applying = (latch: Latch, id: string, count: number, now: number): Latch => ({
+  count,
+  applied: new Map([...latch.applied, [id, now + latchCallMemoryMs]])
+})
+
+/**
+ * A latch call: refused on a key a lock holds; otherwise `f` gets the live latch and returns the
+ * next one with the call's result.
+ */
+const onLatch = <A>(
+  state: State,
+  key: string,
+  now: number,
+  f: (latch: Latch) => readonly [Latch, A]
+): Step<Either.Either<A, InvalidLockOptions>> => {
+  if (liveKey(state, key, now).holders.length > 0) {
+    return { state, result: Either.left(new InvalidLockOptions({ field: "key", reason: `"${key}" is held by a lock, not a latch` })) }
+  }
+  const [next, result] = f(liveLatch(state, key, now))
+  return { state: setLatch(state, key, next), result: Either.right(result) }
+}
+
+/**
+ * `latchSetCount`: sets the count if it is 0; `true` if it did (or a copy of a call that did).
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const step = Model.latchSetCount(Model.empty, { key: "l", id: "c:1", count: 2 }, 0)
+ * console.log(step.result) // { _id: "Either", _tag: "Right", right: true }
+ * ```
+ *
+ * @since 0.1.0
+ * @category operations
+ */
+export const latchSetCount = (
+  state: State,
+  request: SetCountRequest,
+  now: number
+): Step<Either.Either<boolean, InvalidLockOptions>> =>
+  onLatch(state, request.key, now, (latch) =>
+    latch.applied.has(request.id)
+      ? [latch, true]
+      : latch.count > 0
+      ? [latch, false]
+      : [applying(latch, request.id, request.count, now), true])
+
+/**
+ * `latchCountDown`: one off the count (not below 0); the count after. A copy of an applied call
+ * changes nothing and answers the count.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const step = Model.latchCountDown(Model.empty, { key: "l", id: "c:2" }, 0)
+ * console.log(step.result) // { _id: "Either", _tag: "Right", right: 0 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category operations
+ */
+export const latchCountDown = (
+  state: State,
+  request: LatchRequest,
+  now: number
+): Step<Either.Either<number, InvalidLockOptions>> =>
+  onLatch(state, request.key, now, (latch) => {
+    if (latch.applied.has(request.id) || latch.count === 0) return [latch, latch.count]
+    return [applying(latch, request.id, latch.count - 1, now), latch.count - 1]
+  })
+
+/**
+ * `latchCount`: the count (0 when never set or counted down).
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * console.log(Model.latchCount(Model.empty, "l", 0).result) // { _id: "Either", _tag: "Right", right: 0 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category operations
+ */
+export const latchCount = (state: State, key: string, now: number): Step<Either.Either<number, InvalidLockOptions>> =>
+  onLatch(state, key, now, (latch) => [latch, latch.count])

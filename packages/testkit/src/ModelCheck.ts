@@ -1,7 +1,8 @@
 /**
  * Model-based property tests of a `LockBackend`: random command sequences (acquire exclusive /
  * shared / fair with holders and keys from small pools, release, renew, inspect, forceRelease,
- * cancel, advance time) run against the pure `Model` and against the backend side by side; every
+ * cancel, latch set / count down / count, advance time) run against the pure `Model` and against
+ * the backend side by side; every
  * observable result (grants, denials with their `retryAfterMs`, fences, counts, error tags,
  * release counts, renew booleans, and the inspected state of every key after every step) must be
  * the same. A failing sequence is shrunk, and the smallest one is reported in the error message.
@@ -346,6 +347,9 @@ export const commands = (generation: Generation = {}): fc.Arbitrary<ReadonlyArra
   const cancel = fc.record({ key, holder, pick }).map((r) => Command.Cancel(r))
   const replay = fc.nat({ max: 63 }).map((pick) => Command.Replay({ pick }))
   const advance = fc.constantFrom(1, 5, 10, 20, 50).map((ms) => Command.Advance({ ms }))
+  const latchSetCount = fc.record({ key, count: fc.integer({ min: 1, max: 3 }) }).map((r) => Command.LatchSetCount(r))
+  const latchCountDown = key.map((k) => Command.LatchCountDown({ key: k }))
+  const latchCount = key.map((k) => Command.LatchCount({ key: k }))
   const command: fc.Arbitrary<Command> = fc.oneof(
     { weight: 8, arbitrary: acquire },
     { weight: 4, arbitrary: release },
@@ -354,6 +358,9 @@ export const commands = (generation: Generation = {}): fc.Arbitrary<ReadonlyArra
     { weight: 1, arbitrary: forceRelease },
     { weight: 2, arbitrary: cancel },
     { weight: 3, arbitrary: replay },
+    { weight: 1, arbitrary: latchSetCount },
+    { weight: 2, arbitrary: latchCountDown },
+    { weight: 1, arbitrary: latchCount },
     // Live: time passes on its own; moving it on purpose would only make expiry a race.
     ...(live ? [] : [{ weight: 4, arbitrary: advance }])
   )

@@ -663,3 +663,43 @@ describe("Model", () => {
     assert.strictEqual(snapshot(state), before)
   })
 })
+
+describe("Model: latches", () => {
+  const right = <A>(e: Either.Either<A, unknown>): A => Either.getOrThrowWith(e, (error) => new Error(String(error)))
+
+  it("sets only at 0, counts down to 0 and not below, and applies a call once", () => {
+    let state = Model.empty
+    const set = { key: "l", id: "s1", count: 2 }
+    const step = Model.latchSetCount(state, set, 0)
+    assert.isTrue(right(step.result))
+    state = step.state
+    assert.isFalse(right(Model.latchSetCount(state, { key: "l", id: "s2", count: 5 }, 1).result))
+    // a copy of the applied set answers as the first did
+    assert.isTrue(right(Model.latchSetCount(state, set, 1).result))
+    const down = { key: "l", id: "d1" }
+    const first = Model.latchCountDown(state, down, 2)
+    assert.strictEqual(right(first.result), 1)
+    state = first.state
+    assert.strictEqual(right(Model.latchCountDown(state, down, 3).result), 1, "a copy counted again")
+    state = Model.latchCountDown(state, { key: "l", id: "d2" }, 4).state
+    assert.strictEqual(right(Model.latchCount(state, "l", 5).result), 0)
+    assert.strictEqual(right(Model.latchCountDown(state, { key: "l", id: "d3" }, 6).result), 0)
+    // once forgotten, a late copy of the first set applies again: the memory is bounded
+    assert.isTrue(right(Model.latchSetCount(state, set, 7).result))
+    assert.strictEqual(right(Model.latchCount(Model.latchSetCount(state, set, 60_001).state, "l", 60_001).result), 2)
+    // and a latch at 0 that remembers nothing is gone from the state
+    assert.strictEqual(Model.latchCountDown(Model.empty, { key: "l", id: "x" }, 0).state.latches.size, 0)
+  })
+
+  it("refuses latch calls on a key a lock holds", () => {
+    const { state } = acquireAll([[request("a", { key: "l" }), 0]])
+    const results: ReadonlyArray<Either.Either<unknown, Model.AcquireError>> = [
+      Model.latchSetCount(state, { key: "l", id: "s", count: 1 }, 1).result,
+      Model.latchCountDown(state, { key: "l", id: "d" }, 1).result,
+      Model.latchCount(state, "l", 1).result
+    ]
+    for (const result of results) {
+      assert.isTrue(Either.isLeft(result) && result.left._tag === "InvalidLockOptions" && result.left.field === "key")
+    }
+  })
+})

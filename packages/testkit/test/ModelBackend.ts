@@ -23,7 +23,11 @@ export const make: Effect.Effect<Service> = Effect.gen(function*() {
     inspect: (key) => step((s, now) => Model.inspect(s, key, now)),
     forceRelease: (request) => step((s, now) => Model.forceRelease(s, request, now)),
     cancel: (request) => step((s, now) => Model.cancel(s, request, now)),
-    subscribe: () => Effect.succeed({ await: Effect.never })
+    subscribe: () => Effect.succeed({ await: Effect.never }),
+    latchSetCount: (request) => Effect.flatMap(step((s, now) => Model.latchSetCount(s, request, now)), (e) => e),
+    latchCountDown: (request) => Effect.flatMap(step((s, now) => Model.latchCountDown(s, request, now)), (e) => e),
+    latchCount: (key) => Effect.flatMap(step((s, now) => Model.latchCount(s, key, now)), (e) => e),
+    latchSubscribe: () => Effect.succeed({ await: Effect.never })
   }
 })
 

@@ -48,6 +48,12 @@ interface Sub {
   readonly resumers: Set<() => void>
 }
 
+/** A latch's count, and the ids of the calls applied to it -> until when they are remembered. */
+interface Latch {
+  count: number
+  readonly applied: Map<string, number>
+}
+
 type AcquireOutcome =
   | LockBackend.AcquireResult
   | LockError.InvalidLockOptions
@@ -79,6 +85,8 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   const keys = new Map<string, KeyData>()
   // Per key, in arrival order (Set iteration order is insertion order).
   const subscriptions = new Map<string, Set<Sub>>()
+  const latches = new Map<string, Latch>()
+  const latchSubscriptions = new Map<string, Set<Sub>>()
   let operations = 0
 
   // All operations read time synchronously from Effect's Clock and apply their whole state
@@ -455,17 +463,6 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       return Effect.void
     })
 
-  const unsubscribe = (sub: Sub, exit: Exit.Exit<unknown, unknown>): void => {
-    sub.closed = true
-    const subs = subscriptions.get(sub.key)
-    subs?.delete(sub)
-    if (subs?.size === 0) subscriptions.delete(sub.key)
-    // Never leave a fiber blocked on a closed subscription.
-    for (const resume of sub.resumers) resume()
-    sub.resumers.clear()
-    // A waiter that gives up may have been woken already: hand the wake-up on so it is not lost.
-    if (Exit.isFailure(exit)) wake(sub.key)
-  }
 
   const awaitSignal = (sub: Sub): Effect.Effect<void> =>
     Effect.suspend(() => {
@@ -486,27 +483,131 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       })
     })
 
-  const subscribe = (
+  /** A subscription in `table` (locks' or latches'), closed with the scope; then `onClose` runs. */
+  const subscribeIn = (
+    table: Map<string, Set<Sub>>,
     key: string,
     holder: string,
-    mode: LockBackend.HoldMode
+    mode: LockBackend.HoldMode,
+    onClose: (exit: Exit.Exit<unknown, unknown>) => void
   ): Effect.Effect<LockBackend.Subscription, never, Scope.Scope> =>
     Effect.acquireRelease(
       Effect.sync(() => {
         const sub: Sub = { key, holder, mode, signalled: false, closed: false, resumers: new Set() }
-        let subs = subscriptions.get(key)
+        let subs = table.get(key)
         if (subs === undefined) {
           subs = new Set()
-          subscriptions.set(key, subs)
+          table.set(key, subs)
         }
         subs.add(sub)
         return sub
       }),
-      (sub, exit) => Effect.sync(() => unsubscribe(sub, exit))
+      (sub, exit) =>
+        Effect.sync(() => {
+          sub.closed = true
+          const subs = table.get(key)
+          subs?.delete(sub)
+          if (subs?.size === 0) table.delete(key)
+          // Never leave a fiber blocked on a closed subscription.
+          for (const resume of sub.resumers) resume()
+          sub.resumers.clear()
+          onClose(exit)
+        })
     ).pipe(Effect.map((sub): LockBackend.Subscription => ({ await: awaitSignal(sub) })))
 
+  const subscribe = (key: string, holder: string, mode: LockBackend.HoldMode) =>
+    subscribeIn(subscriptions, key, holder, mode, (exit) => {
+      // A waiter that gives up may have been woken already: hand the wake-up on so it is not lost.
+      if (Exit.isFailure(exit)) wake(key)
+    })
+
+  /** The key's latch with the calls it no longer remembers dropped, or `undefined` (count 0, nothing remembered). */
+  const liveLatch = (key: string, now: number): Latch | undefined => {
+    const latch = latches.get(key)
+    if (latch === undefined) return undefined
+    for (const [id, until] of latch.applied) if (until <= now) latch.applied.delete(id)
+    if (latch.count === 0 && latch.applied.size === 0) {
+      latches.delete(key)
+      return undefined
+    }
+    return latch
+  }
+
+  const latchOf = (key: string): Latch => {
+    let latch = latches.get(key)
+    if (latch === undefined) {
+      latch = { count: 0, applied: new Map() }
+      latches.set(key, latch)
+    }
+    return latch
+  }
+
+  /** A latch call on a key a lock holds is refused. */
+  const heldByLock = (key: string, now: number): LockError.InvalidLockOptions | undefined => {
+    prune(key, now)
+    return (keys.get(key)?.holders.size ?? 0) > 0
+      ? new LockError.InvalidLockOptions({ field: "key", reason: `"${key}" is held by a lock, not a latch` })
+      : undefined
+  }
+
+  /** Wakes every waiter of the latch. */
+  const wakeLatch = (key: string): void => {
+    for (const sub of latchSubscriptions.get(key) ?? []) signal(sub)
+  }
+
+  const latchSetCount: LockBackend.Service["latchSetCount"] = ({ count, id, key }) =>
+    atomically((now) => {
+      const refused = heldByLock(key, now)
+      if (refused !== undefined) return Effect.fail(refused)
+      const latch = liveLatch(key, now)
+      if (latch?.applied.has(id) === true) return Effect.succeed(true)
+      if (latch !== undefined && latch.count > 0) return Effect.succeed(false)
+      const set = latchOf(key)
+      set.count = count
+      set.applied.set(id, now + LockBackend.latchCallMemoryMs)
+      wakeLatch(key)
+      return Effect.succeed(true)
+    })
+
+  const latchCountDown: LockBackend.Service["latchCountDown"] = ({ id, key }) =>
+    atomically((now) => {
+      const refused = heldByLock(key, now)
+      if (refused !== undefined) return Effect.fail(refused)
+      const latch = liveLatch(key, now)
+      if (latch === undefined) return Effect.succeed(0)
+      if (latch.applied.has(id) || latch.count === 0) return Effect.succeed(latch.count)
+      latch.count--
+      latch.applied.set(id, now + LockBackend.latchCallMemoryMs)
+      if (latch.count === 0) wakeLatch(key)
+      return Effect.succeed(latch.count)
+    })
+
+  const latchCount: LockBackend.Service["latchCount"] = (key) =>
+    atomically((now) => {
+      const refused = heldByLock(key, now)
+      if (refused !== undefined) return Effect.fail(refused)
+      return Effect.succeed(liveLatch(key, now)?.count ?? 0)
+    })
+
+  // every waiter of a latch is woken by the same signal: none has a wake-up to hand on
+  const latchSubscribe: LockBackend.Service["latchSubscribe"] = (key, waiter) =>
+    subscribeIn(latchSubscriptions, key, waiter, "shared", () => undefined)
+
   return {
-    service: { clientId, acquire, release, renew, inspect, forceRelease, cancel, subscribe },
+    service: {
+      clientId,
+      acquire,
+      release,
+      renew,
+      inspect,
+      forceRelease,
+      cancel,
+      subscribe,
+      latchSetCount,
+      latchCountDown,
+      latchCount,
+      latchSubscribe
+    },
     sizes: () => {
       let subs = 0
       for (const set of subscriptions.values()) subs += set.size

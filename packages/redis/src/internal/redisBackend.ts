@@ -3,7 +3,7 @@ import type { Scope } from "effect"
 import { Effect, Either, Runtime } from "effect"
 import calculateSlot from "cluster-key-slot"
 import type * as LockBackend from "@lockstep/core/LockBackend"
-import { forceReleaseMemoryMs } from "@lockstep/core/LockBackend"
+import { forceReleaseMemoryMs, latchCallMemoryMs } from "@lockstep/core/LockBackend"
 import { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
 import { subscriberFor, whenNotHandshaking } from "./connection.js"
@@ -31,6 +31,9 @@ const inspectScript = script("inspect", scripts.inspect)
 const forceReleaseScript = script("forceRelease", scripts.forceRelease)
 const cancelScript = script("cancel", scripts.cancel)
 const leaveScript = script("leave", scripts.leave)
+const latchSetCountScript = script("latchSetCount", scripts.latchSetCount)
+const latchCountDownScript = script("latchCountDown", scripts.latchCountDown)
+const latchCountScript = script("latchCount", scripts.latchCount)
 
 /**
  * The Redis keys of lock `key`, in the order the scripts expect them; `memo` is the key that
@@ -51,6 +54,12 @@ export const keysOf = (key: string, memo = `lockstep_ended:{${key}}`) => [
 export const endedKeyOf = (key: string, holder: string) => `lockstep_ended:{${key}}:${holder}`
 
 export const channelOf = (key: string) => `redisson_lock__channel:{${key}}`
+
+/** The keys of latch `key`: its count (Redisson's layout) and the calls applied to it. */
+export const latchKeysOf = (key: string) => [key, `lockstep_latch_applied:{${key}}`]
+
+/** Redisson's RCountDownLatch channel. */
+export const latchChannelOf = (key: string) => `redisson_countdownlatch__channel__{${key}}`
 
 const isNoScript = (error: unknown) => error instanceof Error && error.message.startsWith("NOSCRIPT")
 
@@ -273,8 +282,29 @@ export const make = (
         return { key, fence: asNumber(flat[0]), limit: limit === -1 ? Infinity : limit, holders, queue }
       })
 
+    /** A latch script's reply, or InvalidLockOptions when the key holds something else (a lock). */
+    const latchReply = (key: string, reply: unknown) =>
+      asNumber(reply) === -1
+        ? Effect.fail(new InvalidLockOptions({ field: "key", reason: `"${key}" is held by a lock, not a latch` }))
+        : Effect.succeed(asNumber(reply))
+
     return {
       clientId,
+      latchSetCount: ({ count, id, key }) =>
+        Effect.flatMap(
+          run(latchSetCountScript, latchKeysOf(key), [id, count, latchCallMemoryMs, latchChannelOf(key)]),
+          (reply) => Effect.map(latchReply(key, reply), (set) => set === 1)
+        ),
+      latchCountDown: ({ id, key }) =>
+        Effect.flatMap(
+          run(latchCountDownScript, latchKeysOf(key), [id, latchCallMemoryMs, latchChannelOf(key)]),
+          (reply) => latchReply(key, reply)
+        ),
+      latchCount: (key) => Effect.flatMap(run(latchCountScript, latchKeysOf(key), []), (reply) => latchReply(key, reply)),
+      // every latch waiter is a shared waiter of the latch's channel: a message wakes them all
+      latchSubscribe: (key, waiter) =>
+        Effect.mapError(wakeups.subscribe(latchChannelOf(key), waiter, "shared"), (cause) =>
+          cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause })),
       acquire,
       release,
       renew,

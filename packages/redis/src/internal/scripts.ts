@@ -763,3 +763,55 @@ local free, writer, taken = left_by(st.holders)
 if not writer then wake(channel, fq, fqt, wq, now, false, free, writer, taken) end
 return 1
 `
+
+/**
+ * The latch scripts. KEYS: K (the count, a string: Redisson's RCountDownLatch layout), the applied
+ * calls (a hash id -> 1, kept for ARGV memory ms after its last write). A latch call on a key of
+ * another type (a lock's hash) answers -1. The channel (Redisson's) is named by the caller.
+ */
+const latchPrelude = `
+local key, applied = KEYS[1], KEYS[2]
+local kind = redis.call('TYPE', key)
+-- a status reply (a table) from Redis; some emulators answer with the bare string
+if type(kind) == 'table' then kind = kind['ok'] end
+if kind ~= 'none' and kind ~= 'string' then return -1 end
+`
+
+/**
+ * ARGV: call id, count, memory ms, channel. Sets the count when the latch is at 0 (the key absent);
+ * 1 if set (or a copy of a call that set it), 0 if a count is set. Publishes Redisson's new-count
+ * message (1).
+ */
+export const latchSetCount = `${latchPrelude}
+if redis.call('HEXISTS', applied, ARGV[1]) == 1 then return 1 end
+if kind == 'string' then return 0 end
+redis.call('SET', key, ARGV[2])
+redis.call('HSET', applied, ARGV[1], 1)
+redis.call('PEXPIRE', applied, ARGV[3])
+redis.call('PUBLISH', ARGV[4], '1')
+return 1
+`
+
+/**
+ * ARGV: call id, memory ms, channel. One off the count; the count after. A copy of an applied call
+ * changes nothing. Reaching 0 deletes the key and publishes Redisson's zero message (0).
+ */
+export const latchCountDown = `${latchPrelude}
+if kind == 'none' then return 0 end
+if redis.call('HEXISTS', applied, ARGV[1]) == 1 then return tonumber(redis.call('GET', key)) end
+local left = redis.call('DECR', key)
+redis.call('HSET', applied, ARGV[1], 1)
+redis.call('PEXPIRE', applied, ARGV[2])
+if left <= 0 then
+  redis.call('DEL', key)
+  redis.call('PUBLISH', ARGV[3], '0')
+  return 0
+end
+return left
+`
+
+/** The count, 0 when the key is absent. */
+export const latchCount = `${latchPrelude}
+if kind == 'none' then return 0 end
+return tonumber(redis.call('GET', key))
+`

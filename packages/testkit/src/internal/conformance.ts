@@ -12,6 +12,7 @@ import type { Harness } from "../Conformance.js"
 import * as FaultyBackend from "../FaultyBackend.js"
 import * as History from "../History.js"
 import * as ModelCheck from "../ModelCheck.js"
+import * as LatchConformance from "./latchConformance.js"
 import * as MultiLockConformance from "./multiLockConformance.js"
 
 type TestFn = (name: string, self: () => Effect.Effect<void, unknown, never>, timeout?: number) => void
@@ -888,7 +889,15 @@ export const register = (harness: Harness, test: TestFn): void => {
       })).pipe(onLayer(harness.dataLoss ?? FaultyBackend.losingData(harness.layer)))
     }))
 
-  const everyOperation: ReadonlyArray<FaultyBackend.Operation> = ["acquire", "release", "renew", "cancel", "forceRelease"]
+  const everyOperation: ReadonlyArray<FaultyBackend.Operation> = [
+    "acquire",
+    "release",
+    "renew",
+    "cancel",
+    "forceRelease",
+    "latchSetCount",
+    "latchCountDown"
+  ]
 
   test("the backend follows the reference model with every request delivered twice", () => {
     const twice = FaultyBackend.duplicatingLayer({ operation: everyOperation, when: 1 })(harness.layer)
@@ -941,5 +950,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       }), lossy(harness.layer))
     }), 120_000)
 
-  MultiLockConformance.register({ live, advance, assertFree, freshKey, hold, promptly, settle, shortMs, withBackend }, test)
+  const kit = { live, advance, assertFree, freshKey, hold, promptly, settle, shortMs, withBackend }
+  MultiLockConformance.register(kit, test)
+  LatchConformance.register(kit, test)
 }

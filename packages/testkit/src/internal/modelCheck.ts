@@ -12,8 +12,10 @@ import type {
   ForceReleaseRequest,
   HoldMode,
   KeyState,
+  LatchRequest,
   ReleaseRequest,
-  RenewResult
+  RenewResult,
+  SetCountRequest
 } from "@lockstep/core/LockBackend"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import * as Model from "../Model.js"
@@ -55,8 +57,12 @@ export type Command = Data.TaggedEnum<{
     readonly pick?: number | undefined
   }
   Advance: { readonly ms: number }
+  /** Latch calls, on a pool of latch keys of their own. */
+  LatchSetCount: { readonly key: number; readonly count: number }
+  LatchCountDown: { readonly key: number }
+  LatchCount: { readonly key: number }
   /**
-   * Delivers an earlier acquire, release, cancel or forced release again, verbatim (the
+   * Delivers an earlier acquire, release, cancel, forced release or latch change again, verbatim (the
    * `pick`-th, modulo, of those sent so far): a duplicate, or a late copy.
    */
   Replay: { readonly pick: number }
@@ -133,6 +139,9 @@ export const renderCommand = (command: Command): string =>
     ForceRelease: (c) => `forceRelease ${keyLabel(c.key)}`,
     Cancel: (c) => `cancel ${keyLabel(c.key)} ${short(c.holder)}${pickLabel(c.pick)}`,
     Advance: (c) => `advance ${c.ms}ms`,
+    LatchSetCount: (c) => `latchSetCount l${c.key} ${c.count}`,
+    LatchCountDown: (c) => `latchCountDown l${c.key}`,
+    LatchCount: (c) => `latchCount l${c.key}`,
     Replay: (c) => `replay #${c.pick}`
   })
 
@@ -158,6 +167,8 @@ type Sent =
   | { readonly _tag: "Release"; readonly request: ReleaseRequest }
   | { readonly _tag: "Cancel"; readonly request: CancelRequest }
   | { readonly _tag: "ForceRelease"; readonly request: ForceReleaseRequest }
+  | { readonly _tag: "LatchSetCount"; readonly request: SetCountRequest }
+  | { readonly _tag: "LatchCountDown"; readonly request: LatchRequest }
 
 const renderRenew = (results: ReadonlyArray<RenewResult>) =>
   `[${results.map((r) => Either.match(r, { onLeft: renderError, onRight: String })).join(", ")}]`
@@ -176,6 +187,7 @@ export const execute = (
     // Fresh keys per sequence, unique across processes sharing a server (whatever Random is seeded with).
     const prefix = `${options.keyPrefix ?? "lockstep-model"}:${crypto.randomUUID()}`
     const keyName = (key: number): string => `${prefix}:k${key}`
+    const latchName = (key: number): string => `${prefix}:l${key}`
 
     // A holder of the pool is a client's holder identity on one key. Once it ends (its last
     // release, leaving the queue, a forced release, a lost hold) the client takes a fresh
@@ -251,9 +263,17 @@ export const execute = (
     const inspectedKeys = Array.from(
       new Set(
         commands.flatMap((c) =>
-          c._tag === "Advance" || c._tag === "Replay" ? [] : c._tag === "Renew" ? c.leases.map((l) => l.key) : [c.key]
+          c._tag === "Advance" || c._tag === "Replay" || c._tag.startsWith("Latch")
+            ? []
+            : c._tag === "Renew"
+            ? c.leases.map((l) => l.key)
+            : [c.key]
         )
       )
+    ).sort((a, b) => a - b)
+
+    const latchKeys = Array.from(
+      new Set(commands.flatMap((c) => (c._tag === "LatchSetCount" || c._tag === "LatchCountDown" || c._tag === "LatchCount" ? [c.key] : [])))
     ).sort((a, b) => a - b)
 
     let model = Model.empty
@@ -363,6 +383,28 @@ export const execute = (
         const actual = yield* Effect.either(backend.forceRelease(request))
         yield* compare(step, `${what} result`, String(expected.result), renderEither(actual, String))
       })
+    const compareLatchCount = (step: number, key: number, what: string) =>
+      Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        const expected = Model.latchCount(model, latchName(key), now)
+        model = expected.state
+        const actual = yield* Effect.either(backend.latchCount(latchName(key)))
+        yield* compare(step, what, renderEither(expected.result, (n) => `count=${n}`), renderEither(actual, (n) => `count=${n}`))
+      })
+    const deliverLatchSetCount = (step: number, request: SetCountRequest, now: number, what: string) =>
+      Effect.gen(function*() {
+        const expected = Model.latchSetCount(model, request, now)
+        model = expected.state
+        const actual = yield* Effect.either(backend.latchSetCount(request))
+        yield* compare(step, `${what} result`, renderEither(expected.result, String), renderEither(actual, String))
+      })
+    const deliverLatchCountDown = (step: number, request: LatchRequest, now: number, what: string) =>
+      Effect.gen(function*() {
+        const expected = Model.latchCountDown(model, request, now)
+        model = expected.state
+        const actual = yield* Effect.either(backend.latchCountDown(request))
+        yield* compare(step, `${what} result`, renderEither(expected.result, String), renderEither(actual, String))
+      })
     const redeliver = (step: number, item: Sent, now: number): Effect.Effect<void, Divergence> => {
       const what = `replayed ${item._tag.toLowerCase()}`
       switch (item._tag) {
@@ -374,6 +416,10 @@ export const execute = (
           return deliverCancel(step, item.request, now, what)
         case "ForceRelease":
           return deliverForceRelease(step, item.request, now, what)
+        case "LatchSetCount":
+          return deliverLatchSetCount(step, item.request, now, what)
+        case "LatchCountDown":
+          return deliverLatchCountDown(step, item.request, now, what)
       }
     }
 
@@ -460,6 +506,22 @@ export const execute = (
             if (!held) retire(command.key, command.holder)
             break
           }
+          case "LatchSetCount": {
+            const request: SetCountRequest = { key: latchName(command.key), id: `latch-${step}`, count: command.count }
+            sent.push({ _tag: "LatchSetCount", request })
+            yield* deliverLatchSetCount(step, request, now, "latchSetCount")
+            break
+          }
+          case "LatchCountDown": {
+            const request: LatchRequest = { key: latchName(command.key), id: `latch-${step}` }
+            sent.push({ _tag: "LatchCountDown", request })
+            yield* deliverLatchCountDown(step, request, now, "latchCountDown")
+            break
+          }
+          case "LatchCount": {
+            yield* compareLatchCount(step, command.key, `latchCount l${command.key}`)
+            break
+          }
           case "Replay": {
             const item = sent[command.pick]
             if (item !== undefined) yield* redeliver(step, item, now)
@@ -469,6 +531,9 @@ export const execute = (
         if (options.inspectEveryStep !== false && command._tag !== "Inspect") {
           for (const key of inspectedKeys) {
             yield* compareInspect(step, key, `state of ${keyLabel(key)} after the step`)
+          }
+          if (command._tag !== "LatchCount") {
+            for (const key of latchKeys) yield* compareLatchCount(step, key, `count of l${key} after the step`)
           }
         }
       }
@@ -488,5 +553,17 @@ export const execute = (
         })),
       { discard: true }
     )
-    yield* Effect.ensuring(steps, cleanup)
+    // and no latch left counting
+    const latchCleanup = Effect.forEach(
+      latchKeys,
+      (key) =>
+        Effect.ignore(
+          // a fresh id per call: a repeated id would be a copy, which counts nothing
+          Effect.suspend(() => backend.latchCountDown({ key: latchName(key), id: crypto.randomUUID() })).pipe(
+            Effect.repeat({ until: (n) => n === 0 })
+          )
+        ),
+      { discard: true }
+    )
+    yield* Effect.ensuring(steps, Effect.zipRight(cleanup, latchCleanup))
   })
