@@ -9,18 +9,15 @@ import { Deferred, Effect, Exit, Fiber, Scope } from "effect"
 import { Lock, Semaphore } from "@lockstep/core"
 import type { AcquireRequest, Service } from "@lockstep/core/LockBackend"
 import { RedisServer } from "@lockstep/testkit"
-import { backendOn, call, eventually, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
+import { backendOn, call, commandStats, eventually, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis command-count suite (commands.test.ts)")
 
-/** Calls per command of `INFO commandstats`, without the scripts themselves and the probes. */
+/** Calls per command run inside the scripts (the scripts themselves and the probes left out). */
 const commandCalls = (info: string): Map<string, number> => {
-  const out = new Map<string, number>()
-  for (const m of info.matchAll(/^cmdstat_([^:]+):calls=(\d+)/gm)) {
-    const name = m[1]!
-    if (["evalsha", "eval", "info", "config|resetstat", "config"].includes(name)) continue
-    out.set(name, Number(m[2]))
-  }
+  const out = commandStats(info)
+  out.delete("evalsha")
+  out.delete("eval")
   return out
 }
 const total = (calls: Map<string, number>) => [...calls.values()].reduce((a, b) => a + b, 0)

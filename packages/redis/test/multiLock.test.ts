@@ -63,9 +63,13 @@ describe.runIf(runnable)("MultiLock across two redis-servers and memory", () => 
       // B, for a bounded time, then waits for B alone
       yield* eventually("A taken before waiting for B", Lock.isLocked(locks[0]!).pipe(Effect.orDie), 2_000)
       assert.isFalse(yield* Lock.isLocked(locks[2]!), "took the memory part before B")
-      yield* Effect.sleep(Duration.sum(MultiLock.holdWhileWaiting, "300 millis"))
+      yield* Effect.sleep(MultiLock.holdWhileWaiting)
+      yield* eventually(
+        "the part on server A released past the bound while waiting for B",
+        Effect.map(Lock.isLocked(locks[0]!).pipe(Effect.orDie), (locked) => !locked),
+        3_000
+      )
       assert.isTrue(Option.isNone(yield* Fiber.poll(waiter)))
-      assert.isFalse(yield* Lock.isLocked(locks[0]!), "held the part on server A past the bound while waiting for B")
       assert.isFalse(yield* Lock.isLocked(locks[2]!), "held the memory part while waiting for B")
       const sentAt = performance.now()
       yield* Deferred.succeed(released, undefined)
@@ -73,8 +77,8 @@ describe.runIf(runnable)("MultiLock across two redis-servers and memory", () => 
       const held = yield* Fiber.join(waiter)
       const handoffMs = performance.now() - sentAt
       assert.deepStrictEqual(held, [true, true, true])
-      // a wake-up, not the 5 s waiter timeout, ended the wait
-      assert.isBelow(handoffMs, 2_000)
+      // a wake-up, not the 5 s waiter timeout, ended the wait (a loaded machine may be slow, not 5 s slow)
+      assert.isBelow(handoffMs, 4_000)
       for (const lock of locks) assert.isFalse(yield* Lock.isLocked(lock))
       console.log(`[multi] handoff from B's release to all three held: ${handoffMs.toFixed(1)} ms`)
     }), 30_000)

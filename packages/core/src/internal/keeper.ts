@@ -6,7 +6,7 @@
  */
 import { Clock, Duration, Effect, Either, FiberId, GlobalValue } from "effect"
 import type { Fiber } from "effect"
-import type { Service } from "../LockBackend.js"
+import type { Service, Subscription } from "../LockBackend.js"
 
 /** A hold as the keeper sees it. All times are monotonic milliseconds. */
 export interface Entry {
@@ -42,6 +42,13 @@ export const driftMs = (leaseMs: number) => Math.floor(leaseMs / 100) + 5
 
 /** Longest single sleep: Effect's clock never fires a timer set further out than 2^31 - 1 ms. */
 export const maxSleepMs = 2 ** 31 - 1
+
+/**
+ * Waits for the subscription's next wake-up, or at most the least of `bounds` (ms; at least 1,
+ * at most `maxSleepMs`): what every waiter does between two looks at the backend.
+ */
+export const awaitWakeUp = (subscription: Subscription, ...bounds: ReadonlyArray<number>): Effect.Effect<void> =>
+  Effect.raceFirst(subscription.await, Effect.sleep(Math.max(1, Math.ceil(Math.min(...bounds, maxSleepMs)))))
 
 /** When `entry` next needs the keeper: its deadline, or its renewal if that comes first. */
 const dueAt = (entry: Entry): number => {

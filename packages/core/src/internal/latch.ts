@@ -2,7 +2,7 @@ import { Duration, Effect, GlobalValue } from "effect"
 import type { Service } from "../LockBackend.js"
 import type { BackendError } from "../LockError.js"
 import { InvalidLockOptions, LockTimeout } from "../LockError.js"
-import { maxSleepMs, monotonicMillis } from "./keeper.js"
+import { awaitWakeUp, monotonicMillis } from "./keeper.js"
 
 /** A latch handle: its key, the backend it lives on, and how often a waiter re-reads the count. */
 export interface LatchSpec {
@@ -38,7 +38,6 @@ export const awaitZero = (
       if (now >= deadline) {
         return yield* new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs ?? Infinity) })
       }
-      const sleepMs = Math.max(1, Math.ceil(Math.min(spec.recheckMs, deadline - now, maxSleepMs)))
-      yield* Effect.raceFirst(subscription.await, Effect.sleep(sleepMs))
+      yield* awaitWakeUp(subscription, spec.recheckMs, deadline - now)
     }
   }).pipe(Effect.scoped)

@@ -19,7 +19,7 @@ import type { AcquireRequest, AcquireResult, HoldMode, Service } from "../LockBa
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported } from "../LockError.js"
 import { LockLost, LockTimeout, SelfDeadlock } from "../LockError.js"
 import type { Entry } from "./keeper.js"
-import { driftMs, keeperOf, maxSleepMs, monotonicMillis } from "./keeper.js"
+import { awaitWakeUp, driftMs, keeperOf, monotonicMillis } from "./keeper.js"
 
 /** The kinds of handle; read and write locks are views of one key. */
 export type LockKind = "Lock" | "FairLock" | "ReadLock" | "WriteLock" | "Semaphore"
@@ -501,8 +501,7 @@ const waitForGrant = (
       if (now >= deadline) {
         return yield* Effect.fail(new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs ?? Infinity) }))
       }
-      const sleepMs = Math.max(1, Math.ceil(Math.min(result.retryAfterMs, heartbeatMs, deadline - now, maxSleepMs)))
-      yield* restore(Effect.raceFirst(subscription.await, Effect.sleep(sleepMs)))
+      yield* restore(awaitWakeUp(subscription, result.retryAfterMs, heartbeatMs, deadline - now))
     }
   }).pipe(
     Effect.scoped,

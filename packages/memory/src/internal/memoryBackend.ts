@@ -463,7 +463,6 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       return Effect.void
     })
 
-
   const awaitSignal = (sub: Sub): Effect.Effect<void> =>
     Effect.suspend(() => {
       if (sub.signalled || sub.closed) {
@@ -542,12 +541,14 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     return latch
   }
 
-  /** A latch call on a key a lock holds is refused. */
+  /** A latch call on a key a lock holds (a live holder) is refused; it changes nothing of the lock. */
   const heldByLock = (key: string, now: number): LockError.InvalidLockOptions | undefined => {
-    prune(key, now)
-    return (keys.get(key)?.holders.size ?? 0) > 0
-      ? new LockError.InvalidLockOptions({ field: "key", reason: `"${key}" is held by a lock, not a latch` })
-      : undefined
+    for (const hold of keys.get(key)?.holders.values() ?? []) {
+      if (hold.expiresAt > now) {
+        return new LockError.InvalidLockOptions({ field: "key", reason: `"${key}" is held by a lock, not a latch` })
+      }
+    }
+    return undefined
   }
 
   /** Wakes every waiter of the latch. */

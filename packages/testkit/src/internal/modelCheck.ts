@@ -18,6 +18,7 @@ import type {
   SetCountRequest
 } from "@lockstep/core/LockBackend"
 import { LockBackend } from "@lockstep/core/LockBackend"
+import type { BackendError, InvalidLockOptions } from "@lockstep/core/LockError"
 import * as Model from "../Model.js"
 
 /** A command of a model-based run; keys and holders are indices into small pools. */
@@ -383,28 +384,32 @@ export const execute = (
         const actual = yield* Effect.either(backend.forceRelease(request))
         yield* compare(step, `${what} result`, String(expected.result), renderEither(actual, String))
       })
+    /** One latch call to both sides (the model's step, the backend's call), compared; `render` shows a success. */
+    const deliverLatch = <A>(
+      step: number,
+      what: string,
+      expected: Model.Step<Either.Either<A, InvalidLockOptions>>,
+      actual: Effect.Effect<A, BackendError | InvalidLockOptions>,
+      render: (a: A) => string = String
+    ) =>
+      Effect.gen(function*() {
+        model = expected.state
+        const got = yield* Effect.either(actual)
+        yield* compare(step, what, renderEither(expected.result, render), renderEither(got, render))
+      })
     const compareLatchCount = (step: number, key: number, what: string) =>
-      Effect.gen(function*() {
-        const now = yield* Clock.currentTimeMillis
-        const expected = Model.latchCount(model, latchName(key), now)
-        model = expected.state
-        const actual = yield* Effect.either(backend.latchCount(latchName(key)))
-        yield* compare(step, what, renderEither(expected.result, (n) => `count=${n}`), renderEither(actual, (n) => `count=${n}`))
-      })
+      Effect.flatMap(Clock.currentTimeMillis, (now) =>
+        deliverLatch(
+          step,
+          what,
+          Model.latchCount(model, latchName(key), now),
+          backend.latchCount(latchName(key)),
+          (n) => `count=${n}`
+        ))
     const deliverLatchSetCount = (step: number, request: SetCountRequest, now: number, what: string) =>
-      Effect.gen(function*() {
-        const expected = Model.latchSetCount(model, request, now)
-        model = expected.state
-        const actual = yield* Effect.either(backend.latchSetCount(request))
-        yield* compare(step, `${what} result`, renderEither(expected.result, String), renderEither(actual, String))
-      })
+      deliverLatch(step, `${what} result`, Model.latchSetCount(model, request, now), backend.latchSetCount(request))
     const deliverLatchCountDown = (step: number, request: LatchRequest, now: number, what: string) =>
-      Effect.gen(function*() {
-        const expected = Model.latchCountDown(model, request, now)
-        model = expected.state
-        const actual = yield* Effect.either(backend.latchCountDown(request))
-        yield* compare(step, `${what} result`, renderEither(expected.result, String), renderEither(actual, String))
-      })
+      deliverLatch(step, `${what} result`, Model.latchCountDown(model, request, now), backend.latchCountDown(request))
     const redeliver = (step: number, item: Sent, now: number): Effect.Effect<void, Divergence> => {
       const what = `replayed ${item._tag.toLowerCase()}`
       switch (item._tag) {

@@ -54,9 +54,8 @@ export const register = (kit: Kit, test: TestFn): void => {
       assert.isTrue(yield* Lock.isLocked(a), "a not taken before waiting for b")
       assert.isFalse(yield* Lock.isLocked(c), "c taken before b")
       yield* advance(Duration.toMillis(MultiLock.holdWhileWaiting))
-      yield* settle
-      // past the bound it waits for b alone: a is free for anyone
-      assert.isFalse(yield* Lock.isLocked(a), "held a past the bound while waiting for b")
+      // past the bound it waits for b alone: a is free for anyone (polled: a loaded machine may be late)
+      yield* Lock.isLocked(a).pipe(Effect.zipLeft(settle), Effect.repeat({ until: (locked) => !locked }), promptly)
       assert.isTrue(Option.isSome(yield* Effect.scoped(Lock.tryAcquire(a))), "a not free for others")
       assert.isTrue(Option.isNone(yield* Fiber.poll(waiter)))
       yield* busy.release
