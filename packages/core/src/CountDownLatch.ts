@@ -7,8 +7,9 @@
  *   it did. `countDown` takes one off (never below 0); `count` reads it; `await` waits for 0 —
  *   woken by the count down that reaches it, with an optional timeout (`LockTimeout`), and
  *   interruptible.
- * - Each call carries an id: a copy of a call the backend already applied (a re-sent command)
- *   changes nothing, so a count down delivered twice counts once.
+ * - Each change carries an id: a copy of a call the backend already applied (a re-sent command)
+ *   changes nothing, so a count down delivered twice counts once, and a change that failed with
+ *   `BackendError` (its reply may have been lost) is tried twice more under the same id.
  * - A latch has no lease: its count stays until counted down (a crashed counter does not count).
  * - A latch's key is its own: latch calls on a key held by a lock fail with `InvalidLockOptions`.
  *
@@ -19,6 +20,7 @@ import type { Duration } from "effect"
 import { Effect } from "effect"
 import { pipeArguments } from "effect/Pipeable"
 import { LockBackend } from "./LockBackend.js"
+import type { Service } from "./LockBackend.js"
 import type { BackendError, InvalidLockOptions, LockTimeout } from "./LockError.js"
 import * as handle from "./internal/handle.js"
 import type { LatchSpec } from "./internal/latch.js"
@@ -115,8 +117,20 @@ class LatchImpl implements CountDownLatch {
 
 const specOf = (latch: CountDownLatch): LatchSpec => (latch as LatchImpl).spec
 
-/** A fresh id per call: copies of one call share it. */
-const callId = (latch: CountDownLatch) => `${specOf(latch).backend.clientId}:${crypto.randomUUID()}`
+/**
+ * One change of a latch under a fresh id. A `BackendError` may hide a call that was carried out
+ * (its reply lost): it is tried again, twice, under the same id, which the backend recognises as
+ * a copy of the call if the first one did arrive.
+ */
+const change = <A, E extends { readonly _tag: string }>(
+  latch: CountDownLatch,
+  call: (backend: Service, id: string) => Effect.Effect<A, E>
+): Effect.Effect<A, E> =>
+  Effect.suspend(() => {
+    const backend = specOf(latch).backend
+    const id = `${backend.clientId}:${crypto.randomUUID()}`
+    return Effect.retry(call(backend, id), { times: 2, while: (error) => error._tag === "BackendError" })
+  })
 
 /**
  * Is `u` a latch handle?
@@ -182,7 +196,7 @@ export const make = (key: string, options?: Options): Effect.Effect<CountDownLat
  */
 export const trySetCount = (latch: CountDownLatch, count: number): Effect.Effect<boolean, InvalidLockOptions | BackendError> =>
   Effect.flatMap(internal.validCount(count), (valid) =>
-    specOf(latch).backend.latchSetCount({ key: latch.key, id: callId(latch), count: valid }))
+    change(latch, (backend, id) => backend.latchSetCount({ key: latch.key, id, count: valid })))
 
 /**
  * Takes one off the count (nothing below 0) and yields the count after; the call that reaches 0
@@ -204,7 +218,7 @@ export const trySetCount = (latch: CountDownLatch, count: number): Effect.Effect
  * @category operations
  */
 export const countDown = (latch: CountDownLatch): Effect.Effect<number, InvalidLockOptions | BackendError> =>
-  Effect.suspend(() => specOf(latch).backend.latchCountDown({ key: latch.key, id: callId(latch) }))
+  change(latch, (backend, id) => backend.latchCountDown({ key: latch.key, id }))
 
 /**
  * The current count (0 when never set or counted down).

@@ -3,6 +3,7 @@ import { Duration, Effect, Fiber, Option } from "effect"
 import * as CountDownLatch from "@lockstep/core/CountDownLatch"
 import * as Lock from "@lockstep/core/Lock"
 import { LockBackend } from "@lockstep/core/LockBackend"
+import * as FaultyBackend from "../FaultyBackend.js"
 import type { Kit } from "./multiLockConformance.js"
 
 type TestFn = (name: string, self: () => Effect.Effect<void, unknown, never>, timeout?: number) => void
@@ -53,6 +54,28 @@ export const register = (kit: Kit, test: TestFn): void => {
       // a late copy of the first set does not set the count again
       assert.isTrue(yield* backend.latchSetCount(set))
       assert.strictEqual(yield* backend.latchCount(key), 0)
+    })))
+
+  test("CountDownLatch: a change whose reply is lost is tried again under its id: it counts once", () =>
+    withBackend(Effect.gen(function*() {
+      const backend = yield* LockBackend
+      const key = yield* freshKey("latch-lost-reply")
+      // the first call of each kind is carried out and its reply lost; the retry is a copy
+      const lossy = FaultyBackend.failing({
+        operation: ["latchSetCount", "latchCountDown"],
+        when: (n) => n === 1,
+        timing: "after"
+      })(backend)
+      const latch = yield* Effect.provideService(CountDownLatch.make(key), LockBackend, lossy)
+      assert.isTrue(yield* CountDownLatch.trySetCount(latch, 3))
+      assert.strictEqual(yield* CountDownLatch.countDown(latch), 2)
+      // every reply lost: the caller sees BackendError, and the count went down by exactly one
+      const deaf = FaultyBackend.failing({ operation: "latchCountDown", when: 1, timing: "after" })(backend)
+      const deafLatch = yield* Effect.provideService(CountDownLatch.make(key), LockBackend, deaf)
+      const error = yield* Effect.flip(CountDownLatch.countDown(deafLatch))
+      assert.strictEqual(error._tag, "BackendError")
+      assert.strictEqual(yield* CountDownLatch.count(latch), 1)
+      yield* CountDownLatch.countDown(latch)
     })))
 
   test("CountDownLatch: a timeout fails with LockTimeout, an interrupted waiter leaves, bad input is refused", () =>
