@@ -2,6 +2,7 @@ import type { Clock, Scope } from "effect"
 import { Effect, Either, Exit } from "effect"
 import * as LockBackend from "@lockstep/core/LockBackend"
 import * as LockError from "@lockstep/core/LockError"
+import { makeRemembered, type Remembered } from "./remembered.js"
 
 /** One holder's holds on a key. A holder may hold both modes at once (after a downgrade). */
 interface Hold {
@@ -28,10 +29,10 @@ interface KeyData {
   queue: Array<Waiter>
   /**
    * Holders that ended (`!<holder>` when their release was answered NotHeld, `force|<0|1>|<id>` for
-   * applied forced releases and their answer) -> until when they are remembered, in insertion
-   * order: late copies of their operations change nothing and answer as the first did.
+   * applied forced releases and their answer), until a time each: late copies of their operations
+   * change nothing and answer as the first did.
    */
-  readonly ended: Map<string, number>
+  readonly ended: Remembered
   /** The last fence issued, and until when it must be remembered (0 once it may be forgotten). */
   fence: number
   fenceUntil: number
@@ -48,10 +49,10 @@ interface Sub {
   readonly resumers: Set<() => void>
 }
 
-/** A latch's count, and the ids of the calls applied to it -> until when they are remembered. */
+/** A latch's count, and the ids of the calls applied to it, until a time each. */
 interface Latch {
   count: number
-  readonly applied: Map<string, number>
+  readonly applied: Remembered
 }
 
 type AcquireOutcome =
@@ -112,29 +113,27 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
         dropped = true
       }
     }
-    const queue = data.queue.filter((w) => w.expiresAt > now)
-    if (queue.length !== data.queue.length) {
-      data.queue = queue
-      dropped = true
+    // a new queue only when an entry expired: this runs on every operation on the key
+    for (const waiter of data.queue) {
+      if (waiter.expiresAt <= now) {
+        data.queue = data.queue.filter((w) => w.expiresAt > now)
+        dropped = true
+        break
+      }
     }
-    // oldest first: stop at the first entry still remembered (a longer-lived one may hold a few
-    // shorter ones back a little, never forever)
-    for (const [id, until] of data.ended) {
-      if (until > now) break
-      data.ended.delete(id)
-    }
+    data.ended.forget(now)
     return dropped
   }
 
   /** Whether `id` ended (or a forced release `id` was applied) recently enough to be remembered. */
   const hasEnded = (data: KeyData | undefined, id: string, now: number): boolean =>
-    (data?.ended.get(id) ?? 0) > now
+    data?.ended.has(id, now) === true
 
   /** Forgets the limit once no shared holder is left, and the whole key once nothing of it is needed. */
   const tidy = (key: string, now: number): void => {
     const data = keys.get(key)
     if (data === undefined) return
-    if (data.holders.size === 0 && data.queue.length === 0 && data.ended.size === 0 && data.fenceUntil <= now) {
+    if (data.holders.size === 0 && data.queue.length === 0 && data.ended.size() === 0 && data.fenceUntil <= now) {
       keys.delete(key)
       return
     }
@@ -159,7 +158,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   const keyData = (key: string): KeyData => {
     let data = keys.get(key)
     if (data === undefined) {
-      data = { holders: new Map(), limit: undefined, queue: [], ended: new Map(), fence: 0, fenceUntil: 0 }
+      data = { holders: new Map(), limit: undefined, queue: [], ended: makeRemembered(), fence: 0, fenceUntil: 0 }
       keys.set(key, data)
     }
     return data
@@ -183,7 +182,6 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
 
   /** Remembers that `id` ended, so late copies of its operations change nothing. */
   const remember = (data: KeyData, id: string, until: number): void => {
-    data.ended.delete(id)
     data.ended.set(id, until)
   }
 
@@ -524,8 +522,8 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   const liveLatch = (key: string, now: number): Latch | undefined => {
     const latch = latches.get(key)
     if (latch === undefined) return undefined
-    for (const [id, until] of latch.applied) if (until <= now) latch.applied.delete(id)
-    if (latch.count === 0 && latch.applied.size === 0) {
+    latch.applied.forget(now)
+    if (latch.count === 0 && latch.applied.size() === 0) {
       latches.delete(key)
       return undefined
     }
@@ -535,7 +533,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   const latchOf = (key: string): Latch => {
     let latch = latches.get(key)
     if (latch === undefined) {
-      latch = { count: 0, applied: new Map() }
+      latch = { count: 0, applied: makeRemembered() }
       latches.set(key, latch)
     }
     return latch
@@ -561,7 +559,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       const refused = heldByLock(key, now)
       if (refused !== undefined) return Effect.fail(refused)
       const latch = liveLatch(key, now)
-      if (latch?.applied.has(id) === true) return Effect.succeed(true)
+      if (latch?.applied.has(id, now) === true) return Effect.succeed(true)
       if (latch !== undefined && latch.count > 0) return Effect.succeed(false)
       const set = latchOf(key)
       set.count = count
@@ -576,7 +574,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       if (refused !== undefined) return Effect.fail(refused)
       const latch = liveLatch(key, now)
       if (latch === undefined) return Effect.succeed(0)
-      if (latch.applied.has(id) || latch.count === 0) return Effect.succeed(latch.count)
+      if (latch.applied.has(id, now) || latch.count === 0) return Effect.succeed(latch.count)
       latch.count--
       latch.applied.set(id, now + LockBackend.latchCallMemoryMs)
       if (latch.count === 0) wakeLatch(key)
@@ -616,7 +614,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       let ended = 0
       for (const data of keys.values()) {
         if (data.fence > 0) fences++
-        ended += data.ended.size
+        ended += data.ended.size()
       }
       return { keys: keys.size, subscribedKeys: subscriptions.size, subscriptions: subs, fences, ended }
     }
