@@ -44,6 +44,8 @@ interface Sub {
   readonly mode: LockBackend.HoldMode
   /** A wake-up was delivered and the subscriber has not yet consumed it. */
   signalled: boolean
+  /** A wake-up was consumed and no attempt of the holder has used it yet. */
+  woken: boolean
   closed: boolean
   /** Fibers currently suspended in `await`. */
   readonly resumers: Set<() => void>
@@ -344,6 +346,9 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     atomically((now) => {
       const dropped = prune(request.key, now)
       const outcome = acquireOnce(request, now)
+      // this attempt is what a wake-up of the holder was for: it no longer needs handing on
+      const subs = subscriptions.get(request.key)
+      if (subs !== undefined) for (const sub of subs) if (sub.holder === request.holder) sub.woken = false
       // A shared grant passes the wake-up on so several readers / permit takers can enter after
       // one release; the requester itself is awake already.
       const sharedGrant = request.mode === "shared" && outcome._tag === "Granted"
@@ -424,6 +429,16 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       })
     })
 
+  const raiseFence: LockBackend.Service["raiseFence"] = ({ fence, key, leaseMs }) =>
+    atomically((now) => {
+      const data = keyData(key)
+      if (fence > data.fence) {
+        data.fence = fence
+        data.fenceUntil = Math.max(data.fenceUntil, now + leaseMs, fence / 1000 + 1)
+      }
+      return Effect.void
+    })
+
   const forceRelease: LockBackend.Service["forceRelease"] = ({ id, key }) =>
     atomically((now) => {
       const dropped = prune(key, now)
@@ -464,6 +479,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   const awaitSignal = (sub: Sub): Effect.Effect<void> =>
     Effect.suspend(() => {
       if (sub.signalled || sub.closed) {
+        sub.woken ||= sub.signalled
         sub.signalled = false
         return Effect.void
       }
@@ -471,6 +487,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
         // The signal is consumed only when this fiber actually resumes; until then the
         // subscription counts as signalled, so a further wake-up goes to another subscriber.
         const resumer = () => resume(Effect.sync(() => {
+          sub.woken ||= sub.signalled
           sub.signalled = false
         }))
         sub.resumers.add(resumer)
@@ -486,11 +503,11 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     key: string,
     holder: string,
     mode: LockBackend.HoldMode,
-    onClose: (exit: Exit.Exit<unknown, unknown>) => void
+    onClose: (exit: Exit.Exit<unknown, unknown>, sub: Sub) => void
   ): Effect.Effect<LockBackend.Subscription, never, Scope.Scope> =>
     Effect.acquireRelease(
       Effect.sync(() => {
-        const sub: Sub = { key, holder, mode, signalled: false, closed: false, resumers: new Set() }
+        const sub: Sub = { key, holder, mode, signalled: false, woken: false, closed: false, resumers: new Set() }
         let subs = table.get(key)
         if (subs === undefined) {
           subs = new Set()
@@ -508,14 +525,16 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
           // Never leave a fiber blocked on a closed subscription.
           for (const resume of sub.resumers) resume()
           sub.resumers.clear()
-          onClose(exit)
+          onClose(exit, sub)
         })
     ).pipe(Effect.map((sub): LockBackend.Subscription => ({ await: awaitSignal(sub) })))
 
   const subscribe = (key: string, holder: string, mode: LockBackend.HoldMode) =>
-    subscribeIn(subscriptions, key, holder, mode, (exit) => {
-      // A waiter that gives up may have been woken already: hand the wake-up on so it is not lost.
-      if (Exit.isFailure(exit)) wake(key)
+    subscribeIn(subscriptions, key, holder, mode, (exit, sub) => {
+      // A waiter that gives up with a wake-up it did not use (not consumed, or consumed by no
+      // attempt since) hands it on so it is not lost. Handing on more would wake a waiter per
+      // failed waiter: a chain that, under failures, feeds itself.
+      if (Exit.isFailure(exit) && (sub.signalled || sub.woken)) wake(key)
     })
 
   /** The key's latch with the calls it no longer remembers dropped, or `undefined` (count 0, nothing remembered). */
@@ -600,6 +619,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       renew,
       inspect,
       forceRelease,
+      raiseFence,
       cancel,
       subscribe,
       latchSetCount,
