@@ -21,7 +21,8 @@ import { Effect } from "effect"
 import { pipeArguments } from "effect/Pipeable"
 import { LockBackend } from "./LockBackend.js"
 import type { Service } from "./LockBackend.js"
-import type { BackendError, InvalidLockOptions, LockTimeout } from "./LockError.js"
+import type { BackendError, LockTimeout } from "./LockError.js"
+import { InvalidLockOptions } from "./LockError.js"
 import * as handle from "./internal/handle.js"
 import type { LatchSpec } from "./internal/latch.js"
 import * as internal from "./internal/latch.js"
@@ -172,6 +173,8 @@ export const make = (key: string, options?: Options): Effect.Effect<CountDownLat
     const validKey = yield* validate.key(key)
     const recheckMs = (yield* validate.optionalMillis("recheck", options?.recheck)) ?? 5_000
     const backend = yield* LockBackend
+    const refused = backend.unsupported?.latch
+    if (refused !== undefined) return yield* new InvalidLockOptions({ field: "kind", reason: `CountDownLatch: ${refused}` })
     return new LatchImpl({ backend, key: validKey, recheckMs })
   })
 

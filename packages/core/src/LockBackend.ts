@@ -206,6 +206,53 @@ export interface ForceReleaseRequest {
 }
 
 /**
+ * A floor for a key's fences: every fence the backend issues on the key afterwards is greater
+ * than `fence`. The floor is kept at least `leaseMs`, and until the backend's clock in
+ * microseconds has passed it (after which every new fence is above it anyway). Raising a floor
+ * twice, or below the last fence issued, changes nothing. A quorum of backends (`RedLock`) raises
+ * the floor of each node that granted to the fence it hands out, so that the next majority's
+ * fences are above it.
+ *
+ * @example
+ * ```ts
+ * import type { LockBackend } from "@lockstep/core"
+ *
+ * const request: LockBackend.RaiseFenceRequest = { key: "orders:42", fence: 1_764_000_000_000_123, leaseMs: 30_000 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface RaiseFenceRequest {
+  readonly key: string
+  readonly fence: number
+  readonly leaseMs: number
+}
+
+/**
+ * What a backend cannot do soundly, each with the reason: `make` refuses a handle of such a kind
+ * with `InvalidLockOptions` (field `kind`) before any backend call. Absent: every kind works.
+ *
+ * @example
+ * ```ts
+ * import type { LockBackend } from "@lockstep/core"
+ *
+ * const unsupported: LockBackend.Unsupported = { fair: "no fair queue over a quorum" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Unsupported {
+  /** `FairLock`. */
+  readonly fair?: string | undefined
+  /** Shared holds: `ReadWriteLock`, `Semaphore`. */
+  readonly shared?: string | undefined
+  /** `CountDownLatch`. */
+  readonly latch?: string | undefined
+}
+
+/**
  * The outcome of one renewal in a batch: `true` renewed, `false` no longer held, or the error
  * that hit this lease alone (a key of another type, say); other leases in the batch are unaffected.
  *
@@ -394,6 +441,8 @@ export interface SetCountRequest extends LatchRequest {
 export interface Service {
   /** A UUID per backend instance; holders are `<clientId>:<n>`. */
   readonly clientId: string
+  /** Kinds this backend refuses at `make`, with the reason; absent for a backend that supports all. */
+  readonly unsupported?: Unsupported | undefined
   /** `NotHeld`: a re-entry into a hold that is gone, or a late copy from a holder that ended. */
   readonly acquire: (
     request: AcquireRequest
@@ -407,6 +456,8 @@ export interface Service {
    */
   readonly renew: (requests: ReadonlyArray<RenewRequest>) => Effect.Effect<ReadonlyArray<RenewResult>, BackendError>
   readonly inspect: (key: string) => Effect.Effect<KeyState, BackendError>
+  /** Every later fence of the key is above `request.fence`; see `RaiseFenceRequest`. */
+  readonly raiseFence: (request: RaiseFenceRequest) => Effect.Effect<void, BackendError>
   /** Drops every holder of the key and wakes waiters; `true` if anything was held. */
   readonly forceRelease: (request: ForceReleaseRequest) => Effect.Effect<boolean, BackendError>
   /** Removes `holder` from the key's fair queue (a waiter giving up) and wakes the new head. */

@@ -212,6 +212,60 @@ export class BackendError extends Data.TaggedError("BackendError")<{
 }
 
 /**
+ * What one node of a quorum (`RedLock`) answered to an operation: `failed` carries the node's
+ * error (a `BackendError`, or the quorum's own per-node time limit) in `detail`.
+ *
+ * @example
+ * ```ts
+ * import type { LockError } from "@lockstep/core"
+ *
+ * const answer: LockError.NodeAnswer = { node: 2, outcome: "failed", detail: "no answer within 200ms" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface NodeAnswer {
+  /** The node's position in the list the quorum was made from, from 0. */
+  readonly node: number
+  readonly outcome: "granted" | "denied" | "not held" | "done" | "failed"
+  readonly detail?: string | undefined
+}
+
+/**
+ * A quorum of independent backends (`RedLock`) could not decide an operation: too few nodes
+ * answered for a majority either way. It is the `cause` of the `BackendError` the operation fails
+ * with (a lock's operations fail with `BackendError` on every backend); `answers` says what each
+ * node answered.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { LockError } from "@lockstep/core"
+ *
+ * const explain = (error: LockError.BackendError) =>
+ *   error.cause instanceof LockError.QuorumNotReached
+ *     ? Effect.logWarning(`${error.cause.answers.filter((a) => a.outcome === "failed").length} nodes failed`)
+ *     : Effect.logWarning(error.message)
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class QuorumNotReached extends Data.TaggedError("QuorumNotReached")<{
+  readonly key: string
+  readonly operation: string
+  /** Nodes needed: a majority of all of them. */
+  readonly quorum: number
+  readonly answers: ReadonlyArray<NodeAnswer>
+}> {
+  override get message(): string {
+    const said = this.answers.map((a) => `node ${a.node} ${a.outcome}${a.detail === undefined ? "" : ` (${oneLine(a.detail)})`}`)
+    return `no quorum of ${this.quorum} for ${this.operation} of "${this.key}": ${said.join(", ")}`
+  }
+}
+
+/**
  * What waiting for a lock can fail with.
  *
  * @example

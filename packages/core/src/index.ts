@@ -48,3 +48,8 @@ export * as ReadWriteLock from "./ReadWriteLock.js"
  * @since 0.1.0
  */
 export * as Semaphore from "./Semaphore.js"
+
+/**
+ * @since 0.1.0
+ */
+export * as RedLock from "./RedLock.js"

@@ -1,6 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Layer, TestClock } from "effect"
-import { Lock } from "@lockstep/core"
+import { Lock, RedLock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { MemoryBackend } from "@lockstep/memory"
 import { Conformance, FaultyBackend, History, ModelCheck } from "@lockstep/testkit"
@@ -29,4 +29,11 @@ describe("the conformance checks catch a backend that grants an exclusive lock t
       const violations = yield* history.check
       assert.isTrue(violations.some((v) => v._tag === "Overlap"), violations.map(History.formatViolation).join("\n"))
     }))
+})
+
+Conformance.suite({
+  name: "RedLock over three memory backends",
+  layer: Layer.orDie(RedLock.layer([MemoryBackend.layer, MemoryBackend.layer, MemoryBackend.layer])),
+  clock: "live",
+  kinds: "exclusive"
 })

@@ -7,27 +7,11 @@ import { assert, describe, it } from "@effect/vitest"
 import { Context, Deferred, Duration, Effect, Exit, Fiber, Layer, Option } from "effect"
 import { Lock, MultiLock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
-import type { Service } from "@lockstep/core/LockBackend"
 import { MemoryBackend } from "@lockstep/memory"
 import { RedisServer } from "@lockstep/testkit"
-import { backendOn, eventually, runnable, typedFailure, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
+import { backendOn, counted, eventually, runnable, typedFailure, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("MultiLock across backends (multiLock.test.ts)")
-
-/** Counts the calls a backend receives, by operation. */
-const counted = (backend: Service) => {
-  const calls = { acquire: 0, release: 0, renew: 0, other: 0 }
-  const service: Service = {
-    ...backend,
-    acquire: (r) => Effect.suspend(() => (calls.acquire++, backend.acquire(r))),
-    release: (r) => Effect.suspend(() => (calls.release++, backend.release(r))),
-    renew: (r) => Effect.suspend(() => (calls.renew++, backend.renew(r))),
-    inspect: (k) => Effect.suspend(() => (calls.other++, backend.inspect(k))),
-    cancel: (r) => Effect.suspend(() => (calls.other++, backend.cancel(r))),
-    subscribe: (k, h, m) => Effect.suspend(() => (calls.other++, backend.subscribe(k, h, m)))
-  }
-  return { service, calls }
-}
 
 /** Two servers and the memory backend, each with one lock handle on `key`. */
 const threeBackends = (key: string, options?: Lock.Options) =>

@@ -109,16 +109,16 @@ const historyOf = (key: string, holds: ReadonlyArray<Hold>, clock: "mono" | "wal
     History.Event.Release({ at: clock === "mono" ? h.end : h.endWall, key, holder: h.holder, mode: "exclusive" })
   ])
 
-describe.runIf(runnable)("two processes contend on one lock on a real redis-server", () => {
-  it.scopedLive("mutual exclusion and increasing fences across processes; both processes hold the lock", () =>
+/**
+ * Two contender processes take `key` on `urls` (one server, or a RedLock over several) `rounds`
+ * times each; the merged history must be clean and the fences increase in hold order.
+ */
+const contendAcrossProcesses = (label: string, urls: ReadonlyArray<string>, key: string, rounds: number) =>
     Effect.gen(function*() {
-      const server = yield* RedisServer.make()
-      const key = "processes-contended"
-      const rounds = 60
       const startedAt = performance.now()
       const contenders = yield* Effect.forEach(
         [0, 1],
-        (i) => spawnContender(i, [server.url, key, String(rounds), "2"]),
+        (i) => spawnContender(i, [urls.join(","), key, String(rounds), "2"]),
         { concurrency: "unbounded" }
       )
       const describeChildren = () => contenders.map((c, i) => `contender ${i} stderr:\n${c.stderr.text}`).join("\n")
@@ -142,7 +142,7 @@ describe.runIf(runnable)("two processes contend on one lock on a real redis-serv
       let minGapMs = Infinity
       for (let i = 1; i < holds.length; i++) minGapMs = Math.min(minGapMs, holds[i]!.start - holds[i - 1]!.end)
       console.log(
-        `[processes] 2 processes x ${rounds} rounds: holds per process ${JSON.stringify(perProcess)}, ` +
+        `[${label}] 2 processes x ${rounds} rounds: holds per process ${JSON.stringify(perProcess)}, ` +
           `${switches} hand-overs between the processes, smallest gap between holds ${minGapMs.toFixed(3)} ms, ` +
           `fences ${holds[0]?.fence}..${holds[holds.length - 1]?.fence}; violations: ${mono.length} (monotonic clock), ` +
           `${wall.length} (timeOrigin + now); ready after ${readyAfter.toFixed(0)} ms, all done after ${
@@ -160,5 +160,18 @@ describe.runIf(runnable)("two processes contend on one lock on a real redis-serv
       // the check has teeth on this data: stretching every hold by 5 ms makes neighbours overlap
       const stretched = holds.map((h) => ({ ...h, end: h.end + 5 }))
       assert.include(History.check(historyOf(key, stretched, "mono")).map((v) => v._tag), "Overlap")
+    })
+
+describe.runIf(runnable)("two processes contend on one lock on real redis-servers", () => {
+  it.scopedLive("mutual exclusion and increasing fences across processes; both processes hold the lock", () =>
+    Effect.gen(function*() {
+      const server = yield* RedisServer.make()
+      yield* contendAcrossProcesses("processes", [server.url], "processes-contended", 60)
+    }), 60_000)
+
+  it.scopedLive("the same with a RedLock over three servers in each process", () =>
+    Effect.gen(function*() {
+      const servers = yield* Effect.forEach([0, 1, 2], () => RedisServer.make(), { concurrency: "unbounded" })
+      yield* contendAcrossProcesses("redlock processes", servers.map((s) => s.url), "processes-redlock", 40)
     }), 60_000)
 })

@@ -44,6 +44,12 @@ export interface Harness {
    * place of the old one — right for in-process backends, whose state lives in the instance.
    */
   readonly dataLoss?: Layer.Layer<LockBackend | DataLoss> | undefined
+  /**
+   * `"exclusive"`: the backend supports only exclusive, non-fair locks (a quorum, `RedLock`): the
+   * scenarios of `FairLock`, `ReadWriteLock`, `Semaphore`, `CountDownLatch` and `MultiLock` and
+   * the model-based runs (which use every kind) are not registered. Default `"all"`.
+   */
+  readonly kinds?: "all" | "exclusive" | undefined
 }
 
 /**

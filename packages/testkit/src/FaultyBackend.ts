@@ -141,6 +141,7 @@ export type Operation =
   | "renew"
   | "inspect"
   | "forceRelease"
+  | "raiseFence"
   | "cancel"
   | "subscribe"
   | "latchSetCount"
@@ -154,11 +155,13 @@ const eachOperation = (
   around: <A, E, R>(operation: Operation, effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E | BackendError, R>
 ): Service => ({
   clientId: backend.clientId,
+  unsupported: backend.unsupported,
   acquire: (request) => around("acquire", backend.acquire(request)),
   release: (request) => around("release", backend.release(request)),
   renew: (requests) => around("renew", backend.renew(requests)),
   inspect: (key) => around("inspect", backend.inspect(key)),
   forceRelease: (request) => around("forceRelease", backend.forceRelease(request)),
+  raiseFence: (request) => around("raiseFence", backend.raiseFence(request)),
   cancel: (request) => around("cancel", backend.cancel(request)),
   subscribe: (key, holder, mode) => around("subscribe", backend.subscribe(key, holder, mode)),
   latchSetCount: (request) => around("latchSetCount", backend.latchSetCount(request)),
@@ -454,6 +457,7 @@ export const losingData = <E>(layer: Layer.Layer<LockBackend, E>): Layer.Layer<L
       renew: (requests) => Effect.suspend(() => current.service.renew(requests)),
       inspect: (key) => Effect.suspend(() => current.service.inspect(key)),
       forceRelease: (request) => Effect.suspend(() => current.service.forceRelease(request)),
+      raiseFence: (request) => Effect.suspend(() => current.service.raiseFence(request)),
       cancel: (request) => Effect.suspend(() => current.service.cancel(request)),
       subscribe: (key, holder, mode) => Effect.suspend(() => current.service.subscribe(key, holder, mode)),
       latchSetCount: (request) => Effect.suspend(() => current.service.latchSetCount(request)),

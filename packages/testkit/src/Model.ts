@@ -36,6 +36,7 @@ import type {
   AcquireResult,
   CancelRequest,
   ForceReleaseRequest,
+  RaiseFenceRequest,
   HoldMode,
   KeyState,
   LatchRequest,
@@ -600,6 +601,27 @@ export const forceRelease = (state: State, request: ForceReleaseRequest, now: nu
     state: setKey(state, request.key, remember({ ...forgotten, holders: [] }, applied(held), now + forceReleaseMemoryMs)),
     result: held
   }
+}
+
+/**
+ * Raises the key's last fence to at least `fence`, remembered until `max(now + lease, fence /
+ * 1000 + 1)`, as a grant's fence is: every later fence is above it. A lower fence changes nothing.
+ *
+ * @example
+ * ```ts
+ * import { Model } from "@lockstep/testkit"
+ *
+ * const { state } = Model.raiseFence(Model.empty, { key: "k", fence: 5_000, leaseMs: 1000 }, 0)
+ * ```
+ *
+ * @since 0.1.0
+ * @category operations
+ */
+export const raiseFence = (state: State, request: RaiseFenceRequest, now: number): Step<void> => {
+  const live = liveKey(state, request.key, now)
+  if (request.fence <= live.fence) return { state: setKey(state, request.key, live), result: undefined }
+  const raised = { ...live, fence: request.fence, fenceUntil: Math.max(live.fenceUntil, now + request.leaseMs, request.fence / 1000 + 1) }
+  return { state: setKey(state, request.key, raised), result: undefined }
 }
 
 /**

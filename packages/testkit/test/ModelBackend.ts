@@ -22,6 +22,7 @@ export const make: Effect.Effect<Service> = Effect.gen(function*() {
     renew: (requests) => step((s, now) => Model.renew(s, requests, now)),
     inspect: (key) => step((s, now) => Model.inspect(s, key, now)),
     forceRelease: (request) => step((s, now) => Model.forceRelease(s, request, now)),
+    raiseFence: (request) => step((s, now) => Model.raiseFence(s, request, now)),
     cancel: (request) => step((s, now) => Model.cancel(s, request, now)),
     subscribe: () => Effect.succeed({ await: Effect.never }),
     latchSetCount: (request) => Effect.flatMap(step((s, now) => Model.latchSetCount(s, request, now)), (e) => e),

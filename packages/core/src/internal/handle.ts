@@ -37,6 +37,8 @@ export const makeSpec = (
     const waiterTtlMs = (yield* validate.optionalMillis("waiterTimeout", options?.waiterTimeout)) ??
       internal.defaultWaiterTtlMs
     const backend = yield* LockBackend
+    const refused = shape.fair ? backend.unsupported?.fair : shape.mode === "shared" ? backend.unsupported?.shared : undefined
+    if (refused !== undefined) return yield* new InvalidLockOptions({ field: "kind", reason: `${kind}: ${refused}` })
     return {
       kind,
       backend,

@@ -30,6 +30,7 @@ const renewScript = script("renew", scripts.renew)
 const inspectScript = script("inspect", scripts.inspect)
 const forceReleaseScript = script("forceRelease", scripts.forceRelease)
 const cancelScript = script("cancel", scripts.cancel)
+const raiseFenceScript = script("raiseFence", scripts.raiseFence)
 const leaveScript = script("leave", scripts.leave)
 const latchSetCountScript = script("latchSetCount", scripts.latchSetCount)
 const latchCountDownScript = script("latchCountDown", scripts.latchCountDown)
@@ -314,6 +315,7 @@ export const make = (
           run(forceReleaseScript, keysOf(key, `lockstep_force:{${key}}:${id}`), [forceReleaseMemoryMs]),
           (reply) => asNumber(reply) === 1
         ),
+      raiseFence: ({ fence, key, leaseMs }) => Effect.asVoid(run(raiseFenceScript, [keysOf(key)[1]!], [fence, leaseMs])),
       cancel: ({ holder, key, leaseMs }) =>
         Effect.asVoid(
           run(cancelScript, keysOf(key, endedKeyOf(key, holder)), [holder, leaseMs, `${wakeCode(holder)}|${holder}`])

@@ -725,6 +725,22 @@ return held
 `
 
 /**
+ * KEYS: token. ARGV: fence, leaseMs. The last fence issued becomes at least the given one, kept as
+ * a new fence is (a lease, and until the clock in microseconds has passed it); a lower or equal
+ * fence changes nothing, so a copy changes nothing either.
+ */
+export const raiseFence = `${prelude}
+local token = KEYS[1]
+local fence, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = clock()
+local last = tonumber(redis.call('GET', token) or '0') or 0
+if fence > last then
+  redis.call('SET', token, fmt(fence), 'PX', fmt(math.max(lease, math.floor(fence / 1000 - now) + 1)))
+end
+return 1
+`
+
+/**
  * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel.
  * ARGV: holder, leaseMs, the holder's fair-queue member. Leaves the fair queue (a waiter that is
  * not a holder is remembered as ended for leaseMs); tells the new head.

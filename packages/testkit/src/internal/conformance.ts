@@ -78,6 +78,8 @@ const failureOf = <A, E>(exit: Exit.Exit<A, E>): Option.Option<E> =>
 
 export const register = (harness: Harness, test: TestFn): void => {
   const live = harness.clock === "live"
+  /** Scenarios that need more than exclusive, non-fair locks: only for backends that support every kind. */
+  const everyKind: TestFn = harness.kinds === "exclusive" ? () => undefined : test
   /** Lets other fibers (and, live, the backend's round trips) make progress. */
   const settle = live ? Effect.sleep("40 millis") : Effect.repeatN(Effect.yieldNow(), 40)
   const advance = (ms: number) => (live ? Effect.sleep(ms + 30) : TestClock.adjust(ms))
@@ -159,7 +161,25 @@ export const register = (harness: Harness, test: TestFn): void => {
       assert.isFalse(yield* Lock.isLocked(lock))
     })))
 
-  test("FairLock grants in arrival order", () =>
+  test("a raised fence floor puts every later fence above it; a lower raise or a copy changes nothing", () =>
+    withBackend(Effect.gen(function*() {
+      const backend = yield* LockBackend
+      const lock = yield* Lock.make(yield* freshKey("floor"))
+      const first = (yield* Effect.scoped(Lock.acquire(lock))).fence
+      // far above anything the backend's clock would give for a long while
+      const floor = first + 3_600_000_000
+      yield* backend.raiseFence({ key: lock.key, fence: floor, leaseMs: 30_000 })
+      yield* backend.raiseFence({ key: lock.key, fence: floor, leaseMs: 30_000 })
+      const second = (yield* Effect.scoped(Lock.acquire(lock))).fence
+      assert.isAbove(second, floor)
+      assert.isAtMost(second, floor + 1, "a copy of the raise moved the floor again")
+      yield* backend.raiseFence({ key: lock.key, fence: first, leaseMs: 30_000 })
+      const third = (yield* Effect.scoped(Lock.acquire(lock))).fence
+      assert.strictEqual(third, second + 1)
+      assert.strictEqual((yield* backend.inspect(lock.key)).fence, third)
+    })))
+
+  everyKind("FairLock grants in arrival order", () =>
     withBackend(Effect.gen(function*() {
       const key = yield* freshKey("fair")
       const lock = yield* FairLock.make(key)
@@ -177,7 +197,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       yield* assertFree(key)
     })))
 
-  test("ReadWriteLock: readers share, writers exclude everyone", () =>
+  everyKind("ReadWriteLock: readers share, writers exclude everyone", () =>
     withHistory(Effect.gen(function*() {
       const rw = yield* ReadWriteLock.make(yield* freshKey("rw"))
       const seen = yield* contend(30, Infinity, (i) => Lock.acquire(i % 5 === 0 ? rw.write : rw.read))
@@ -186,7 +206,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       assert.isFalse(yield* Lock.isLocked(rw.write))
     })))
 
-  test("Semaphore: permits never above the limit", () =>
+  everyKind("Semaphore: permits never above the limit", () =>
     withHistory(Effect.gen(function*() {
       const sem = yield* Semaphore.make(yield* freshKey("sem"), { limit: 3 })
       const seen = yield* contend(30, 3, (i) => Semaphore.acquire(sem, { permits: 1 + (i % 3) }))
@@ -266,7 +286,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       assert.isTrue(Option.isSome(error) && error.value._tag === "LockLost" && error.value.reason === "DeadlinePassed")
     })))
 
-  test("interruption at every step of acquire leaves nothing held or queued", () =>
+  everyKind("interruption at every step of acquire leaves nothing held or queued", () =>
     withBackend(Effect.gen(function*() {
       for (const steps of range(24)) {
         for (const kind of ["Lock", "FairLock", "Semaphore"] as const) {
@@ -295,7 +315,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       }
     })), 120_000)
 
-  test("a waiter times out with LockTimeout and leaves no queue entry", () =>
+  everyKind("a waiter times out with LockTimeout and leaves no queue entry", () =>
     withBackend(Effect.gen(function*() {
       for (const fair of [false, true]) {
         const key = yield* freshKey(`timeout-${fair}`)
@@ -373,7 +393,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       assert.isFalse(entered, "a fiber of the runtime entered the lock its layer holds")
     }).pipe(Effect.scoped, withBackend))
 
-  test("ReadWriteLock: a writer may downgrade, a reader may not upgrade", () =>
+  everyKind("ReadWriteLock: a writer may downgrade, a reader may not upgrade", () =>
     withBackend(Effect.gen(function*() {
       const rw = yield* ReadWriteLock.make(yield* freshKey("downgrade"))
       /** What a fiber with no holds of its own gets: [read granted, write granted]. */
@@ -412,7 +432,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       assert.isFalse(yield* Lock.isLocked(rw.write))
     })))
 
-  test("bad input fails with InvalidLockOptions naming the field, before any backend call", () =>
+  everyKind("bad input fails with InvalidLockOptions naming the field, before any backend call", () =>
     Effect.gen(function*() {
       const backend = counting(harness.layer)
       const key = yield* freshKey("invalid")
@@ -465,7 +485,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       assert.strictEqual(backend.total(), 0, "bad input reached the backend")
     }))
 
-  test("a semaphore with another limit on a held key fails with InvalidLockOptions(limit)", () =>
+  everyKind("a semaphore with another limit on a held key fails with InvalidLockOptions(limit)", () =>
     withBackend(Effect.gen(function*() {
       const key = yield* freshKey("limit")
       const three = yield* Semaphore.make(key, { limit: 3 })
@@ -552,7 +572,7 @@ export const register = (harness: Harness, test: TestFn): void => {
     })))
 
   if (!live) {
-    test(`the backend follows the reference model (${harness.modelRuns ?? 200} model-based runs)`, () =>
+    everyKind(`the backend follows the reference model (${harness.modelRuns ?? 200} model-based runs)`, () =>
       withBackend(ModelCheck.run({ advance: (ms) => TestClock.adjust(ms), numRuns: harness.modelRuns ?? 200 })), 120_000)
   } else {
     // Live: the backend keeps its own time, so no time is advanced, leases are long (60 s+) and
@@ -561,7 +581,7 @@ export const register = (harness: Harness, test: TestFn): void => {
     const runs = harness.modelRuns ?? 200
     const maxCommands = 40
     const toleranceMs = 1_000
-    test(
+    everyKind(
       `the backend follows the reference model (${runs} model-based runs of up to ${maxCommands} commands, live timing ±${toleranceMs} ms)`,
       () => withBackend(ModelCheck.run({ timing: { toleranceMs }, numRuns: runs, maxCommands })),
       120_000
@@ -622,7 +642,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       }).pipe(Effect.provide(dying))
     }))
 
-  test("freed capacity reaches every shared waiter that fits, not only the first one woken", () =>
+  everyKind("freed capacity reaches every shared waiter that fits, not only the first one woken", () =>
     withBackend(Effect.gen(function*() {
       // semaphore: a 3-permit waiter queued before a 1-permit waiter; one permit frees up
       const sem = yield* Semaphore.make(yield* freshKey("capacity"), { limit: 3 })
@@ -654,7 +674,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       yield* Fiber.join(w2).pipe(promptly)
     })))
 
-  test("a fair waiter that stops heartbeating is dropped once its queue entry expires", () =>
+  everyKind("a fair waiter that stops heartbeating is dropped once its queue entry expires", () =>
     withBackend(Effect.gen(function*() {
       const key = yield* freshKey("ghost")
       const lock = yield* FairLock.make(key, { waiterTimeout: "600 millis" })
@@ -684,7 +704,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       assert.isFalse((yield* inspect(key)).queue.some((w) => w.holder === ghost))
     })))
 
-  test("a fair attempt whose reply is lost leaves no queue entry behind", () =>
+  everyKind("a fair attempt whose reply is lost leaves no queue entry behind", () =>
     Effect.gen(function*() {
       const key = yield* freshKey("lost-reply")
       // the first attempt of the second acquirer is queued by the backend, but its reply is lost
@@ -727,7 +747,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       }).pipe(onLayer(FaultyBackend.duplicatingLayer({ operation: "release", when: 1 })(harness.layer)))
     }))
 
-  test("an acquisition delivered twice takes one hold: nothing is left after the release", () =>
+  everyKind("an acquisition delivered twice takes one hold: nothing is left after the release", () =>
     Effect.gen(function*() {
       const key = yield* freshKey("acquire-twice")
       yield* Effect.gen(function*() {
@@ -744,7 +764,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       }).pipe(onLayer(FaultyBackend.duplicatingLayer({ operation: "acquire", when: 1 })(harness.layer)))
     }))
 
-  test("a late copy of an acquisition, arriving after its holder released, grants nothing", () =>
+  everyKind("a late copy of an acquisition, arriving after its holder released, grants nothing", () =>
     Effect.gen(function*() {
       const key = yield* freshKey("late-copy")
       const late = FaultyBackend.duplicatingLayer({ operation: ["acquire", "cancel"], when: 1, copyAfter: shortMs })
@@ -831,7 +851,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       })).pipe(onLayer(deaf(harness.layer)))
     }))
 
-  test("a request that would wait for the current fiber's own hold fails with SelfDeadlock", () =>
+  everyKind("a request that would wait for the current fiber's own hold fails with SelfDeadlock", () =>
     withBackend(Effect.gen(function*() {
       const key = yield* freshKey("self")
       const lock = yield* Lock.make(key)
@@ -857,7 +877,7 @@ export const register = (harness: Harness, test: TestFn): void => {
       yield* assertFree(key)
     })))
 
-  test("after the backend lost its data, fences still go up and a re-entry into the lost hold is detected", () =>
+  everyKind("after the backend lost its data, fences still go up and a re-entry into the lost hold is detected", () =>
     Effect.gen(function*() {
       const key = yield* freshKey("data-loss")
       yield* Effect.scoped(Effect.gen(function*() {
@@ -899,7 +919,7 @@ export const register = (harness: Harness, test: TestFn): void => {
     "latchCountDown"
   ]
 
-  test("the backend follows the reference model with every request delivered twice", () => {
+  everyKind("the backend follows the reference model with every request delivered twice", () => {
     const twice = FaultyBackend.duplicatingLayer({ operation: everyOperation, when: 1 })(harness.layer)
     const runs = Math.max(20, Math.floor((harness.modelRuns ?? 200) / 4))
     return Effect.provide(
@@ -910,7 +930,7 @@ export const register = (harness: Harness, test: TestFn): void => {
     )
   }, 120_000)
 
-  test("contention under at-least-once delivery: history checked, nothing left held", () =>
+  everyKind("contention under at-least-once delivery: history checked, nothing left held", () =>
     Effect.gen(function*() {
       const key = yield* freshKey("faulty-contend")
       const faulty = FaultyBackend.duplicatingLayer({ operation: everyOperation, when: 0.5 })(harness.layer)
@@ -951,6 +971,6 @@ export const register = (harness: Harness, test: TestFn): void => {
     }), 120_000)
 
   const kit = { live, advance, assertFree, freshKey, hold, promptly, settle, shortMs, withBackend }
-  MultiLockConformance.register(kit, test)
-  LatchConformance.register(kit, test)
+  MultiLockConformance.register(kit, everyKind)
+  LatchConformance.register(kit, everyKind)
 }
