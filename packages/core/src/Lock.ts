@@ -18,7 +18,7 @@
  *
  * @since 0.1.0
  */
-import type { Duration, Option, Pipeable, Scope } from "effect"
+import type { Duration, Option, Pipeable, Schedule, Scope } from "effect"
 import { Effect } from "effect"
 import { dual } from "effect/Function"
 import { pipeArguments } from "effect/Pipeable"
@@ -27,7 +27,7 @@ import type { LockBackend } from "./LockBackend.js"
 import type { AcquireError, BackendError, InvalidLockOptions, LockLost } from "./LockError.js"
 import type { Lease } from "./Lease.js"
 import * as handle from "./internal/handle.js"
-import type { LockSpec } from "./internal/lock.js"
+import type { Body, LockSpec } from "./internal/lock.js"
 
 /**
  * @since 0.1.0
@@ -90,6 +90,11 @@ export interface Options {
    * with a crashed waiter). Default 5 seconds.
    */
   readonly waiterTimeout?: Duration.DurationInput | undefined
+  /**
+   * A name for the handle's metrics (label `name`), e.g. `"orders"` for every `orders:<id>` lock.
+   * Metrics never carry the key itself: keys are unbounded. Spans carry the key.
+   */
+  readonly name?: string | undefined
 }
 
 /**
@@ -108,6 +113,34 @@ export interface Options {
 export interface AcquireOptions {
   /** How long to wait for the lock before failing with `LockTimeout` (positive). Default: wait forever. */
   readonly timeout?: Duration.DurationInput | undefined
+  /**
+   * What to do when a backend call fails (`BackendError`: the backend is unreachable, a command
+   * timed out) while acquiring: try again after each of this schedule's delays, which start over
+   * once the backend answers, within the `timeout`. When the schedule ends, the acquisition fails
+   * with that `BackendError`. Default: fail at the first one. (Each call's own limit is the
+   * backend's `commandTimeout`.)
+   */
+  readonly retry?: Schedule.Schedule<unknown, BackendError> | undefined
+}
+
+/**
+ * Options of an acquisition that gives up rather than wait: `tryAcquire`, `withLockIfAvailable`.
+ *
+ * @example
+ * ```ts
+ * import { Lock } from "@lockstep/core"
+ *
+ * const options: Lock.TryAcquireOptions = { wait: "200 millis" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface TryAcquireOptions {
+  /** Wait at most this long (positive) for the lock, then give up with `None`. Default: one attempt, no wait. */
+  readonly wait?: Duration.DurationInput | undefined
+  /** As for `acquire`: retry a `BackendError` on this schedule, within `wait`. */
+  readonly retry?: Schedule.Schedule<unknown, BackendError> | undefined
 }
 
 class LockImpl implements Lock {
@@ -192,10 +225,11 @@ export const make = (key: string, options?: Options): Effect.Effect<Lock, Invali
  * @category acquiring
  */
 export const acquire = (lock: Lock, options?: AcquireOptions): Effect.Effect<Lease, AcquireError, Scope.Scope> =>
-  handle.acquire(specOf(lock), 1, options?.timeout)
+  handle.acquire(specOf(lock), 1, options)
 
 /**
  * One attempt, no waiting: `Some(lease)` if the lock was free (or is re-entered), `None` if not.
+ * With `wait`, waits at most that long for it (Redisson's `tryLock(waitTime, ...)`).
  *
  * @example
  * ```ts
@@ -207,18 +241,25 @@ export const acquire = (lock: Lock, options?: AcquireOptions): Effect.Effect<Lea
  *   const lease = yield* Lock.tryAcquire(lock)
  *   if (Option.isNone(lease)) return yield* Effect.log("someone else runs it")
  *   yield* Effect.log("running cleanup")
+ *   // or wait a little for it
+ *   const later = yield* Lock.tryAcquire(lock, { wait: "100 millis" })
+ *   yield* Effect.log(Option.isSome(later) ? "got it" : "still taken")
  * }).pipe(Effect.scoped)
  * ```
  *
  * @since 0.1.0
  * @category acquiring
  */
-export const tryAcquire = (lock: Lock): Effect.Effect<Option.Option<Lease>, Exclude<AcquireError, { _tag: "LockTimeout" }>, Scope.Scope> =>
-  handle.tryAcquire(specOf(lock), 1)
+export const tryAcquire = (
+  lock: Lock,
+  options?: TryAcquireOptions
+): Effect.Effect<Option.Option<Lease>, Exclude<AcquireError, { _tag: "LockTimeout" }>, Scope.Scope> =>
+  handle.tryAcquire(specOf(lock), 1, options)
 
 /**
  * Runs an effect while holding the lock, then releases it. The effect is interrupted with
  * `LockLost` if the lease is lost; scoped resources it opens are closed before the release.
+ * The body may be a function of the `Lease`, to read its fence or `expiresIn`.
  * Pipeable (`effect.pipe(Lock.withLock(lock))`) and data-first (`Lock.withLock(effect, lock)`).
  *
  * @example
@@ -230,6 +271,8 @@ export const tryAcquire = (lock: Lock): Effect.Effect<Option.Option<Lease>, Excl
  *   const lock = yield* Lock.make("orders:42")
  *   yield* Effect.log("in the critical section").pipe(Lock.withLock(lock, { timeout: "5 seconds" }))
  *   yield* Lock.withLock(Effect.log("again"), lock)
+ *   // the body sees its lease: pass the fence to the resource you protect
+ *   yield* Lock.withLock((lease) => Effect.log(`writing with fence ${lease.fence}`), lock)
  * })
  * ```
  *
@@ -238,18 +281,79 @@ export const tryAcquire = (lock: Lock): Effect.Effect<Option.Option<Lease>, Excl
  */
 export const withLock: {
   (lock: Lock, options?: AcquireOptions): <A, E, R>(
-    self: Effect.Effect<A, E, R>
+    self: Effect.Effect<A, E, R> | ((lease: Lease) => Effect.Effect<A, E, R>)
   ) => Effect.Effect<A, E | AcquireError | LockLost, Exclude<R, Scope.Scope>>
   <A, E, R>(
-    self: Effect.Effect<A, E, R>,
+    self: Effect.Effect<A, E, R> | ((lease: Lease) => Effect.Effect<A, E, R>),
     lock: Lock,
     options?: AcquireOptions
   ): Effect.Effect<A, E | AcquireError | LockLost, Exclude<R, Scope.Scope>>
 } = dual(
-  (args) => Effect.isEffect(args[0]),
-  <A, E, R>(self: Effect.Effect<A, E, R>, lock: Lock, options?: AcquireOptions) =>
-    handle.withLease(self, specOf(lock), 1, options?.timeout)
+  (args) => isBody(args[0]),
+  <A, E, R>(self: Body<A, E, R>, lock: Lock, options?: AcquireOptions) =>
+    handle.withLease(self, specOf(lock), 1, options)
 )
+
+/** @internal */
+export const isBody = (u: unknown): boolean => Effect.isEffect(u) || typeof u === "function"
+
+/**
+ * Runs the effect only if the lock is free (or within `wait`): `Some` of its result, or `None`
+ * without running it — Effect's `Semaphore.withPermitsIfAvailable` for a distributed lock. Like
+ * `withLock`, the body is interrupted with `LockLost` if the lease is lost, and may be a function
+ * of the lease.
+ *
+ * @example
+ * ```ts
+ * import { Effect, Option } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const lock = yield* Lock.make("cron:cleanup")
+ *   const ran = yield* Effect.succeed("cleaned").pipe(Lock.withLockIfAvailable(lock))
+ *   if (Option.isNone(ran)) yield* Effect.log("another process runs it")
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category acquiring
+ */
+export const withLockIfAvailable: {
+  (lock: Lock, options?: TryAcquireOptions): <A, E, R>(
+    self: Effect.Effect<A, E, R> | ((lease: Lease) => Effect.Effect<A, E, R>)
+  ) => Effect.Effect<Option.Option<A>, E | Exclude<AcquireError, { _tag: "LockTimeout" }> | LockLost, Exclude<R, Scope.Scope>>
+  <A, E, R>(
+    self: Effect.Effect<A, E, R> | ((lease: Lease) => Effect.Effect<A, E, R>),
+    lock: Lock,
+    options?: TryAcquireOptions
+  ): Effect.Effect<Option.Option<A>, E | Exclude<AcquireError, { _tag: "LockTimeout" }> | LockLost, Exclude<R, Scope.Scope>>
+} = dual(
+  (args) => isBody(args[0]),
+  <A, E, R>(self: Body<A, E, R>, lock: Lock, options?: TryAcquireOptions) =>
+    handle.withLeaseIfAvailable(self, specOf(lock), 1, options)
+)
+
+/**
+ * Does the current fiber hold the lock (see re-entrancy above), with a lease whose local deadline
+ * has not passed? Answered from the fiber's own records, without a backend call: use it for
+ * assertions in code that must run under the lock. (For the backend's view, `holdCount`.)
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const lock = yield* Lock.make("orders:42")
+ *   const inside = yield* Lock.withLock(Lock.isHeldByCurrentFiber(lock), lock) // true
+ *   const outside = yield* Lock.isHeldByCurrentFiber(lock) // false
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category inspection
+ */
+export const isHeldByCurrentFiber = (lock: Lock): Effect.Effect<boolean> => handle.isHeldByCurrentFiber(specOf(lock))
 
 /**
  * Is the lock held by anyone? For a read lock: by any reader; for a write lock: by a writer.

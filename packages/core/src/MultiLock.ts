@@ -24,7 +24,7 @@ import { dual } from "effect/Function"
 import { pipeArguments } from "effect/Pipeable"
 import type { Lease } from "./Lease.js"
 import type { Lock } from "./Lock.js"
-import { specOf } from "./Lock.js"
+import { isBody, specOf } from "./Lock.js"
 import type { AcquireError, InvalidLockOptions, LockLost } from "./LockError.js"
 import * as handle from "./internal/handle.js"
 import type { LockSpec } from "./internal/lock.js"
@@ -255,7 +255,8 @@ export const tryAcquire = (
 /**
  * Runs an effect while holding every part, then releases them. The effect is interrupted with
  * `LockLost` as soon as any part is lost; scoped resources it opens are closed before the
- * release. Pipeable and data-first.
+ * release. The body may be a function of the `MultiLease` (each part's fence). Pipeable and
+ * data-first.
  *
  * @example
  * ```ts
@@ -266,6 +267,7 @@ export const tryAcquire = (
  *   const both = yield* MultiLock.make(yield* Lock.make("account:1"), yield* Lock.make("account:2"))
  *   yield* Effect.log("transfer").pipe(MultiLock.withLock(both, { timeout: "5 seconds" }))
  *   yield* MultiLock.withLock(Effect.log("again"), both)
+ *   yield* MultiLock.withLock((lease) => Effect.log(lease.parts.map((part) => part.fence)), both)
  * })
  * ```
  *
@@ -274,15 +276,24 @@ export const tryAcquire = (
  */
 export const withLock: {
   (self: MultiLock, options?: AcquireOptions): <A, E, R>(
-    effect: Effect.Effect<A, E, R>
+    effect: Effect.Effect<A, E, R> | ((lease: MultiLease) => Effect.Effect<A, E, R>)
   ) => Effect.Effect<A, E | AcquireError | LockLost, Exclude<R, Scope.Scope>>
   <A, E, R>(
-    effect: Effect.Effect<A, E, R>,
+    effect: Effect.Effect<A, E, R> | ((lease: MultiLease) => Effect.Effect<A, E, R>),
     self: MultiLock,
     options?: AcquireOptions
   ): Effect.Effect<A, E | AcquireError | LockLost, Exclude<R, Scope.Scope>>
 } = dual(
-  (args) => Effect.isEffect(args[0]),
-  <A, E, R>(effect: Effect.Effect<A, E, R>, self: MultiLock, options?: AcquireOptions) =>
-    Effect.flatMap(handle.timeoutMillis(options?.timeout), (ms) => internal.withAll(effect, specsOf(self), ms))
+  (args) => isBody(args[0]),
+  <A, E, R>(
+    effect: Effect.Effect<A, E, R> | ((lease: MultiLease) => Effect.Effect<A, E, R>),
+    self: MultiLock,
+    options?: AcquireOptions
+  ) =>
+    Effect.flatMap(handle.timeoutMillis(options?.timeout), (ms) =>
+      internal.withAll(
+        typeof effect === "function" ? (leases: ReadonlyArray<Lease>) => effect(multiLease(leases)) : effect,
+        specsOf(self),
+        ms
+      ))
 )

@@ -7,17 +7,18 @@
  *
  * @since 0.1.0
  */
-import type { Duration, Option, Pipeable, Scope } from "effect"
+import type { Option, Pipeable, Scope } from "effect"
 import { Effect } from "effect"
 import { dual } from "effect/Function"
 import { pipeArguments } from "effect/Pipeable"
 import * as handle from "./internal/handle.js"
-import type { LockSpec } from "./internal/lock.js"
+import type { Body, LockSpec } from "./internal/lock.js"
 import * as validate from "./internal/options.js"
 import type { Lease } from "./Lease.js"
 import type { HolderState, LockBackend } from "./LockBackend.js"
 import type { AcquireError, BackendError, InvalidLockOptions, LockLost } from "./LockError.js"
-import type { Options as LockOptions } from "./Lock.js"
+import { isBody } from "./Lock.js"
+import type { AcquireOptions as LockAcquireOptions, Options as LockOptions, TryAcquireOptions as TryLockOptions } from "./Lock.js"
 
 /**
  * @since 0.1.0
@@ -85,11 +86,27 @@ export interface Options extends LockOptions {
  * @since 0.1.0
  * @category models
  */
-export interface AcquireOptions {
+export interface AcquireOptions extends LockAcquireOptions {
   /** Permits to take at once (1 to `limit`). Default 1. */
   readonly permits?: number | undefined
-  /** How long to wait before failing with `LockTimeout`. Default: wait forever. */
-  readonly timeout?: Duration.DurationInput | undefined
+}
+
+/**
+ * Options of an acquisition that gives up rather than wait: `tryAcquire`, `withPermitsIfAvailable`.
+ *
+ * @example
+ * ```ts
+ * import { Semaphore } from "@lockstep/core"
+ *
+ * const options: Semaphore.TryAcquireOptions = { permits: 2, wait: "100 millis" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface TryAcquireOptions extends TryLockOptions {
+  /** Permits to take at once (1 to `limit`). Default 1. */
+  readonly permits?: number | undefined
 }
 
 class SemaphoreImpl implements Semaphore {
@@ -159,10 +176,11 @@ export const acquire = (
   options?: AcquireOptions
 ): Effect.Effect<Lease, AcquireError, Scope.Scope> =>
   Effect.flatMap(permitsOf(semaphore, options?.permits), (permits) =>
-    handle.acquire(specOf(semaphore), permits, options?.timeout))
+    handle.acquire(specOf(semaphore), permits, options))
 
 /**
- * One attempt, no waiting: `Some(lease)` if the permits were free, `None` if not.
+ * One attempt, no waiting: `Some(lease)` if the permits were free, `None` if not. With `wait`,
+ * waits at most that long for them.
  *
  * @example
  * ```ts
@@ -180,13 +198,13 @@ export const acquire = (
  */
 export const tryAcquire = (
   semaphore: Semaphore,
-  options?: { readonly permits?: number | undefined }
+  options?: TryAcquireOptions
 ): Effect.Effect<Option.Option<Lease>, Exclude<AcquireError, { _tag: "LockTimeout" }>, Scope.Scope> =>
-  Effect.flatMap(permitsOf(semaphore, options?.permits), (permits) => handle.tryAcquire(specOf(semaphore), permits))
+  Effect.flatMap(permitsOf(semaphore, options?.permits), (permits) => handle.tryAcquire(specOf(semaphore), permits, options))
 
 /**
  * Runs an effect while holding permits, then gives them back; interrupted with `LockLost` if the
- * lease is lost. Pipeable and data-first.
+ * lease is lost. The body may be a function of the `Lease`. Pipeable and data-first.
  *
  * @example
  * ```ts
@@ -196,6 +214,7 @@ export const tryAcquire = (
  * const program = Effect.gen(function* () {
  *   const sem = yield* Semaphore.make("api-quota", { limit: 4 })
  *   yield* Effect.log("calling the API").pipe(Semaphore.withPermits(sem, { permits: 1 }))
+ *   yield* Semaphore.withPermits((lease) => Effect.log(`${lease.permits} permit(s)`), sem)
  * })
  * ```
  *
@@ -204,19 +223,75 @@ export const tryAcquire = (
  */
 export const withPermits: {
   (semaphore: Semaphore, options?: AcquireOptions): <A, E, R>(
-    self: Effect.Effect<A, E, R>
+    self: Effect.Effect<A, E, R> | ((lease: Lease) => Effect.Effect<A, E, R>)
   ) => Effect.Effect<A, E | AcquireError | LockLost, Exclude<R, Scope.Scope>>
   <A, E, R>(
-    self: Effect.Effect<A, E, R>,
+    self: Effect.Effect<A, E, R> | ((lease: Lease) => Effect.Effect<A, E, R>),
     semaphore: Semaphore,
     options?: AcquireOptions
   ): Effect.Effect<A, E | AcquireError | LockLost, Exclude<R, Scope.Scope>>
 } = dual(
-  (args) => Effect.isEffect(args[0]),
-  <A, E, R>(self: Effect.Effect<A, E, R>, semaphore: Semaphore, options?: AcquireOptions) =>
+  (args) => isBody(args[0]),
+  <A, E, R>(self: Body<A, E, R>, semaphore: Semaphore, options?: AcquireOptions) =>
     Effect.flatMap(permitsOf(semaphore, options?.permits), (permits) =>
-      handle.withLease(self, specOf(semaphore), permits, options?.timeout))
+      handle.withLease(self, specOf(semaphore), permits, options))
 )
+
+/**
+ * Runs the effect only if the permits are free (or become free within `wait`): `Some` of its
+ * result, or `None` without running it — as Effect's own `Semaphore.withPermitsIfAvailable`.
+ *
+ * @example
+ * ```ts
+ * import { Effect, Option } from "effect"
+ * import { Semaphore } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const sem = yield* Semaphore.make("api-quota", { limit: 4 })
+ *   const sent = yield* Effect.succeed("sent").pipe(Semaphore.withPermitsIfAvailable(sem, { permits: 2 }))
+ *   if (Option.isNone(sent)) yield* Effect.log("quota busy, skipped")
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category acquiring
+ */
+export const withPermitsIfAvailable: {
+  (semaphore: Semaphore, options?: TryAcquireOptions): <A, E, R>(
+    self: Effect.Effect<A, E, R> | ((lease: Lease) => Effect.Effect<A, E, R>)
+  ) => Effect.Effect<Option.Option<A>, E | Exclude<AcquireError, { _tag: "LockTimeout" }> | LockLost, Exclude<R, Scope.Scope>>
+  <A, E, R>(
+    self: Effect.Effect<A, E, R> | ((lease: Lease) => Effect.Effect<A, E, R>),
+    semaphore: Semaphore,
+    options?: TryAcquireOptions
+  ): Effect.Effect<Option.Option<A>, E | Exclude<AcquireError, { _tag: "LockTimeout" }> | LockLost, Exclude<R, Scope.Scope>>
+} = dual(
+  (args) => isBody(args[0]),
+  <A, E, R>(self: Body<A, E, R>, semaphore: Semaphore, options?: TryAcquireOptions) =>
+    Effect.flatMap(permitsOf(semaphore, options?.permits), (permits) =>
+      handle.withLeaseIfAvailable(self, specOf(semaphore), permits, options))
+)
+
+/**
+ * Does the current fiber hold permits of this semaphore, with a lease whose local deadline has
+ * not passed? Answered locally, without a backend call.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Semaphore } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const sem = yield* Semaphore.make("api-quota", { limit: 4 })
+ *   return yield* Semaphore.withPermits(Semaphore.isHeldByCurrentFiber(sem), sem) // true
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category inspection
+ */
+export const isHeldByCurrentFiber = (semaphore: Semaphore): Effect.Effect<boolean> =>
+  handle.isHeldByCurrentFiber(specOf(semaphore))
 
 /**
  * Permits not currently taken.

@@ -37,6 +37,11 @@ export * as LockError from "./LockError.js"
 /**
  * @since 0.1.0
  */
+export * as LockMetrics from "./LockMetrics.js"
+
+/**
+ * @since 0.1.0
+ */
 export * as MultiLock from "./MultiLock.js"
 
 /**

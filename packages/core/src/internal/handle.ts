@@ -5,8 +5,9 @@ import { LockBackend } from "../LockBackend.js"
 import type { HolderState } from "../LockBackend.js"
 import type { BackendError, LockLost, LockTimeout } from "../LockError.js"
 import { InvalidLockOptions } from "../LockError.js"
-import type { AttemptError, LockKind, LockSpec } from "./lock.js"
+import type { AttemptError, Body, LockKind, LockSpec, Retry } from "./lock.js"
 import * as internal from "./lock.js"
+import { handleLabels } from "./metrics.js"
 import * as validate from "./options.js"
 
 /** Options shared by every kind's `make`. */
@@ -14,6 +15,19 @@ export interface SpecOptions {
   readonly lease?: Duration.DurationInput | undefined
   readonly watchdog?: Duration.DurationInput | undefined
   readonly waiterTimeout?: Duration.DurationInput | undefined
+  readonly name?: string | undefined
+}
+
+/** Options of one waiting acquisition. */
+export interface WaitOptions {
+  readonly timeout?: Duration.DurationInput | undefined
+  readonly retry?: Retry
+}
+
+/** Options of an acquisition that gives up rather than wait (long). */
+export interface TryOptions {
+  readonly wait?: Duration.DurationInput | undefined
+  readonly retry?: Retry
 }
 
 /** Validates a handle's options and captures the backend, before any backend call. */
@@ -36,6 +50,7 @@ export const makeSpec = (
       internal.defaultWatchdogMs
     const waiterTtlMs = (yield* validate.optionalMillis("waiterTimeout", options?.waiterTimeout)) ??
       internal.defaultWaiterTtlMs
+    const name = yield* validate.name(options?.name)
     const backend = yield* LockBackend
     const refused = shape.fair ? backend.unsupported?.fair : shape.mode === "shared" ? backend.unsupported?.shared : undefined
     if (refused !== undefined) return yield* new InvalidLockOptions({ field: "kind", reason: `${kind}: ${refused}` })
@@ -49,7 +64,9 @@ export const makeSpec = (
       reentrant: kind !== "Semaphore",
       leaseMs,
       watchdogMs,
-      waiterTtlMs
+      waiterTtlMs,
+      name,
+      labels: handleLabels(kind, name)
     }
   })
 
@@ -66,34 +83,51 @@ export const timeoutMillis = (timeout: Duration.DurationInput | undefined): Effe
 export const acquire = (
   spec: LockSpec,
   permits: number,
-  timeout: Duration.DurationInput | undefined
+  options: WaitOptions | undefined
 ): Effect.Effect<Lease, AttemptError | LockTimeout, Scope.Scope> =>
-  Effect.flatMap(timeoutMillis(timeout), (ms) =>
-    Effect.flatMap(internal.acquire(spec, permits, ms), (lease) =>
+  Effect.flatMap(timeoutMillis(options?.timeout), (ms) =>
+    Effect.flatMap(internal.acquire(spec, permits, ms, options?.retry), (lease) =>
       Option.isSome(lease)
         ? Effect.succeed(lease.value)
         // only a zero timeout ends without a grant or a LockTimeout, and it is refused above
         : Effect.dieMessage("lockstep: a waiting acquisition ended without a lease")))
 
-/** One attempt, no waiting. */
+/** How long a try may wait: a single attempt (0) unless `wait` (positive, finite) says otherwise. */
+export const waitMillis = (wait: Duration.DurationInput | undefined): Effect.Effect<number, InvalidLockOptions> =>
+  wait === undefined ? Effect.succeed(0) : validate.millis("wait", wait)
+
+/** One attempt, or waiting at most `wait`: `None` if the lock was not granted. */
 export const tryAcquire = (
   spec: LockSpec,
-  permits: number
+  permits: number,
+  options: TryOptions | undefined
 ): Effect.Effect<Option.Option<Lease>, AttemptError, Scope.Scope> =>
-  // a single attempt never waits, so it never times out
-  Effect.catchTag(internal.acquire(spec, permits, 0), "LockTimeout", (e) => Effect.die(e))
+  Effect.flatMap(waitMillis(options?.wait), (ms) =>
+    Effect.catchTag(internal.acquire(spec, permits, ms, options?.retry), "LockTimeout", () => Effect.succeedNone))
 
 /**
  * Runs `body` while holding a lease: the body's own scoped resources close before the release,
  * and the body is interrupted with `LockLost` if the lease is lost.
  */
 export const withLease = <A, E, R>(
-  body: Effect.Effect<A, E, R>,
+  body: Body<A, E, R>,
   spec: LockSpec,
   permits: number,
-  timeout: Duration.DurationInput | undefined
+  options: WaitOptions | undefined
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
-  Effect.flatMap(timeoutMillis(timeout), (ms) => internal.withLease(body, spec, permits, ms))
+  Effect.flatMap(timeoutMillis(options?.timeout), (ms) => internal.withLease(body, spec, permits, ms, options?.retry))
+
+/** Runs `body` under a lease if one is granted at once (or within `wait`): `Some` of its result, else `None`. */
+export const withLeaseIfAvailable = <A, E, R>(
+  body: Body<A, E, R>,
+  spec: LockSpec,
+  permits: number,
+  options: TryOptions | undefined
+): Effect.Effect<Option.Option<A>, E | AttemptError | LockLost, Exclude<R, Scope.Scope>> =>
+  Effect.flatMap(waitMillis(options?.wait), (ms) => internal.withLeaseIfGranted(body, spec, permits, ms, options?.retry))
+
+/** Whether the current fiber holds the handle, from its own records. */
+export const isHeldByCurrentFiber = (spec: LockSpec): Effect.Effect<boolean> => internal.isHeldByCurrentFiber(spec)
 
 /** The longest remaining time-to-live among the handle's holders. */
 export const remainingTtl = (spec: LockSpec): Effect.Effect<Option.Option<Duration.Duration>, BackendError> =>

@@ -7,6 +7,7 @@
 import { Clock, Duration, Effect, Either, FiberId, GlobalValue } from "effect"
 import type { Fiber } from "effect"
 import type { Service, Subscription } from "../LockBackend.js"
+import { recordRenewals } from "./metrics.js"
 
 /** A hold as the keeper sees it. All times are monotonic milliseconds. */
 export interface Entry {
@@ -188,14 +189,19 @@ const makeKeeper = (backend: Service): Keeper => {
   const renew = (batch: ReadonlyArray<Entry>, sentAt: number) =>
     backend.renew(batch.map((entry) => ({ key: entry.key, holder: entry.holder, leaseMs: entry.watchdogMs! }))).pipe(
       Effect.either,
-      Effect.flatMap((answers) => {
+      Effect.zip(monotonicMillis),
+      Effect.flatMap(([answers, answeredAt]) => {
         let earliest = Infinity
+        const counts = { renewed: 0, notHeld: 0, failed: 0 }
         return Effect.zipRight(
           Effect.forEach(batch, (entry, i) => {
             entry.renewing = false
+            const answer = Either.isLeft(answers) ? undefined : answers.right[i]
+            if (answer === undefined || Either.isLeft(answer)) counts.failed++
+            else if (answer.right) counts.renewed++
+            else counts.notHeld++
             // a renewal that arrives after the deadline passed must not bring the hold back
             if (entry.done) return Effect.void
-            const answer = Either.isLeft(answers) ? undefined : answers.right[i]
             if (answer !== undefined && Either.isRight(answer)) {
               if (!answer.right) return entry.onLost("NotHeld")
               entry.confirmedAt = sentAt
@@ -205,7 +211,10 @@ const makeKeeper = (backend: Service): Keeper => {
             earliest = Math.min(earliest, schedule(entry))
             return Effect.void
           }, { discard: true }),
-          Effect.suspend(() => wakeAt(earliest))
+          Effect.suspend(() => {
+            recordRenewals((answeredAt - sentAt) / 1000, counts)
+            return wakeAt(earliest)
+          })
         )
       })
     )

@@ -11,15 +11,18 @@ import {
   FiberRef,
   GlobalValue,
   Option,
+  Schedule,
   Scope
 } from "effect"
-import type { FiberRefs } from "effect"
+import type { FiberRefs, Tracer } from "effect"
 import type { Lease } from "../Lease.js"
 import type { AcquireRequest, AcquireResult, HoldMode, Service } from "../LockBackend.js"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported } from "../LockError.js"
 import { LockLost, LockTimeout, SelfDeadlock } from "../LockError.js"
 import type { Entry } from "./keeper.js"
 import { awaitWakeUp, driftMs, keeperOf, monotonicMillis } from "./keeper.js"
+import type { HandleLabels, Outcome } from "./metrics.js"
+import * as metrics from "./metrics.js"
 
 /** The kinds of handle; read and write locks are views of one key. */
 export type LockKind = "Lock" | "FairLock" | "ReadLock" | "WriteLock" | "Semaphore"
@@ -39,7 +42,16 @@ export interface LockSpec {
   readonly leaseMs: number | undefined
   readonly watchdogMs: number
   readonly waiterTtlMs: number
+  /** The handle's name for metrics, if it was given one. */
+  readonly name: string | undefined
+  readonly labels: HandleLabels
 }
+
+/** What an acquisition may do on a `BackendError`: try again on this schedule (none: fail). */
+export type Retry = Schedule.Schedule<unknown, BackendError> | undefined
+
+/** A critical section: an effect, or a function of the lease that makes one. */
+export type Body<A, E, R> = Effect.Effect<A, E, R> | ((lease: Lease) => Effect.Effect<A, E, R>)
 
 export const defaultWatchdogMs = 30_000
 export const defaultWaiterTtlMs = 5_000
@@ -64,6 +76,8 @@ interface Held {
   readonly leaseMs: number
   readonly lost: Effect.Effect<never, LockLost>
   readonly expiresIn: Effect.Effect<Duration.Duration>
+  /** The local deadline (monotonic ms): past it, unconfirmed, the hold is lost. */
+  readonly deadline: () => number
   /** The `withLock` bodies running under the hold: interrupted when it is lost. */
   readonly bodies: Set<Fiber.RuntimeFiber<unknown, unknown>>
   /** Tells the keeper the hold ended normally: no more renewals, no deadline. */
@@ -208,6 +222,18 @@ export const currentHolder = (spec: LockSpec): Effect.Effect<Option.Option<strin
     Option.map(Option.fromNullable(helds.find((h) => h.reentrant === spec.reentrant && spec.reentrant)), (h) => h.holder))
 
 /**
+ * Whether the current fiber holds the handle in its mode with a lease whose local deadline has not
+ * passed: answered from the fiber's own records, without asking the backend.
+ */
+export const isHeldByCurrentFiber = (spec: LockSpec): Effect.Effect<boolean> =>
+  Effect.withFiberRuntime((fiber) => {
+    const helds = liveOn(fiber.getFiberRef(heldLeases), spec)
+    if (helds.length === 0) return Effect.succeed(false)
+    return Effect.map(monotonicMillis, (now) =>
+      helds.some((h) => countIn(h, spec.mode) > 0 && (spec.reentrant || !h.reentrant) && now < h.deadline()))
+  })
+
+/**
  * A request that could only be granted once the current fiber released a hold of its own on the
  * key (other than the one it re-enters) would wait forever: say so instead.
  */
@@ -250,10 +276,11 @@ interface Grant {
 export const acquire = (
   spec: LockSpec,
   permits: number,
-  timeoutMs: number | undefined
+  timeoutMs: number | undefined,
+  retry?: Retry
 ): Effect.Effect<Option.Option<Lease>, AttemptError | LockTimeout, Scope.Scope> =>
   Effect.uninterruptibleMask((restore) =>
-    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore), (grant) => {
+    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, retry, restore), (grant) => {
       if (Option.isNone(grant)) return Effect.succeedNone
       const { close, lease } = grant.value
       const held = (lease as Lease & { readonly [heldOf]: Held })[heldOf]
@@ -278,25 +305,141 @@ export const acquire = (
  * lost. No scope is made for the lease: it ends when the body does.
  */
 export const withLease = <A, E, R>(
-  body: Effect.Effect<A, E, R>,
+  body: Body<A, E, R>,
   spec: LockSpec,
   permits: number,
-  timeoutMs: number | undefined
+  timeoutMs: number | undefined,
+  retry?: Retry
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
   Effect.uninterruptibleMask((restore) =>
-    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, restore), (grant) => {
+    Effect.flatMap(acquireGrant(spec, permits, timeoutMs, retry, restore), (grant) =>
       // only a zero timeout ends without a grant or a LockTimeout, and withLock never makes one
-      if (Option.isNone(grant)) return Effect.dieMessage("lockstep: a waiting acquisition ended without a lease")
-      const { close, lease } = grant.value
-      // an interruption that arrived while the grant was in flight stops here, before the body
-      return Effect.matchCauseEffect(restore(Effect.void), {
-        onFailure: (cause) => Effect.zipRight(close, Effect.failCause(cause)),
-        onSuccess: () => whileHeld([lease], body, restore, close)
-      })
-    })
+      Option.isNone(grant)
+        ? Effect.dieMessage("lockstep: a waiting acquisition ended without a lease")
+        : runGranted(grant.value, body, restore))
   )
 
+/**
+ * `withLease` when the lock is free within `waitMs` (0: a single attempt): `Some` of what the body
+ * returned, or `None` without running it.
+ */
+export const withLeaseIfGranted = <A, E, R>(
+  body: Body<A, E, R>,
+  spec: LockSpec,
+  permits: number,
+  waitMs: number,
+  retry?: Retry
+): Effect.Effect<Option.Option<A>, E | AttemptError | LockLost, Exclude<R, Scope.Scope>> =>
+  Effect.uninterruptibleMask((restore) =>
+    Effect.flatMap(
+      Effect.catchTag(acquireGrant(spec, permits, waitMs, retry, restore), "LockTimeout", () => Effect.succeedNone),
+      (grant) => Option.isNone(grant) ? Effect.succeedNone : Effect.asSome(runGranted(grant.value, body, restore))
+    )
+  )
+
+/** Runs a body under a grant just made (uninterruptibly: `restore` is where it may be interrupted). */
+const runGranted = <A, E, R>(
+  grant: Grant,
+  body: Body<A, E, R>,
+  restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> => {
+  const { close, lease } = grant
+  // an interruption that arrived while the grant was in flight stops here, before the body
+  return Effect.matchCauseEffect(restore(Effect.void), {
+    onFailure: (cause) => Effect.zipRight(close, Effect.failCause(cause)),
+    onSuccess: () => whileHeld([lease], typeof body === "function" ? Effect.suspend(() => body(lease)) : body, restore, close)
+  })
+}
+
+/**
+ * One acquisition, observed: a `lockstep.acquire` span (key, kind, permits, then fence, wait and
+ * outcome) and the acquisition metrics. Stack traces are not captured: this is every lock's path.
+ */
 const acquireGrant = (
+  spec: LockSpec,
+  permits: number,
+  timeoutMs: number | undefined,
+  retry: Retry,
+  restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
+  Effect.useSpan(
+    "lockstep.acquire",
+    {
+      kind: "client",
+      captureStackTrace: false,
+      attributes: { "lockstep.key": spec.key, "lockstep.kind": spec.kind, "lockstep.permits": permits }
+    },
+    (span) =>
+      Effect.withFiberRuntime((fiber) => {
+        const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+        const startedAt = clock.unsafeCurrentTimeNanos()
+        return Effect.onExit(
+          attemptGrant(spec, permits, timeoutMs, retry, restore),
+          (exit) => Effect.sync(() => observeAcquisition(spec, span, exit, startedAt, clock.unsafeCurrentTimeNanos()))
+        )
+      })
+  )
+
+const observeAcquisition = (
+  spec: LockSpec,
+  span: Tracer.Span,
+  exit: Exit.Exit<Option.Option<Grant>, AttemptError | LockTimeout>,
+  startedAt: bigint,
+  endedAt: bigint
+): void => {
+  const seconds = Number(endedAt - startedAt) / 1e9
+  let outcome: Outcome
+  if (Exit.isSuccess(exit)) {
+    if (Option.isSome(exit.value)) {
+      outcome = "granted"
+      span.attribute("lockstep.fence", exit.value.value.lease.fence)
+      span.attribute("lockstep.holder", exit.value.value.lease.holder)
+    } else {
+      outcome = "unavailable"
+    }
+  } else {
+    const failure = Cause.failureOption(exit.cause)
+    if (Option.isNone(failure)) return // interrupted: neither granted nor failed
+    outcome = failure.value._tag === "LockTimeout" ? "timeout" : "error"
+  }
+  span.attribute("lockstep.wait_ms", seconds * 1000)
+  span.attribute("lockstep.outcome", outcome)
+  metrics.recordAcquisition(spec.labels, outcome, seconds)
+}
+
+/**
+ * An acquisition that, after a `BackendError`, starts over (as a new holder: the failed attempt's
+ * clean-up ended the old one) after each of `retry`'s delays, until the schedule is done (that
+ * error) or the deadline passed (`LockTimeout`). A single attempt (`timeoutMs` 0) is not retried:
+ * it must not wait. The delays are interruptible.
+ */
+const attemptGrant = (
+  spec: LockSpec,
+  permits: number,
+  timeoutMs: number | undefined,
+  retry: Retry,
+  restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
+  if (retry === undefined || timeoutMs === 0) return attemptOnce(spec, permits, timeoutMs, restore)
+  return Effect.flatMap(Effect.zip(Schedule.driver(retry), monotonicMillis), ([driver, startedAt]) => {
+    const from = (left: number | undefined): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
+      Effect.catchIf(attemptOnce(spec, permits, left, restore), (error) => error._tag === "BackendError", (error) =>
+        Effect.matchEffect(restore(driver.next(error)), {
+          onFailure: () => Effect.fail(error),
+          onSuccess: () =>
+            Effect.flatMap(monotonicMillis, (now) => {
+              if (timeoutMs === undefined) return from(undefined)
+              const rest = timeoutMs - (now - startedAt)
+              return rest > 0
+                ? from(rest)
+                : Effect.fail(new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs) }))
+            })
+        }))
+    return from(timeoutMs)
+  })
+}
+
+const attemptOnce = (
   spec: LockSpec,
   permits: number,
   timeoutMs: number | undefined,
@@ -377,7 +520,7 @@ const acquireGrant = (
             return Effect.flatMap(monotonicMillis, (now) => {
               // start over as a new holder, within what is left of the wait
               const left = timeoutMs === undefined || timeoutMs === 0 ? timeoutMs : Math.max(1, timeoutMs - (now - startedAt))
-              return restore(acquireGrant(spec, permits, left, restore))
+              return restore(attemptOnce(spec, permits, left, restore))
             })
           }
           return Effect.succeed(Option.fromNullable(granted))
@@ -563,29 +706,43 @@ const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentA
         return Deferred.await(lost)
       }),
       expiresIn: Effect.map(monotonicMillis, (now) => Duration.millis(Math.max(0, entry.deadline - now))),
+      deadline: () => entry.deadline,
       leases: 1,
       dead: false,
       bodies: new Set(),
-      stop: () => keeper.remove(entry),
+      stop: () => forget(),
       lose: (reason) =>
         Effect.uninterruptible(Effect.suspend(() => {
           if (held.dead) return Effect.void
           held.dead = true
-          keeper.remove(entry)
+          forget()
+          metrics.recordLost(spec.labels, reason)
           const remnant = (["exclusive", "shared"] as const).filter((mode) => countIn(held, mode) > 0)
           lostWith = new LockLost({ key: spec.key, holder: request.holder, reason })
           if (lost !== undefined) Deferred.unsafeDone(lost, Effect.fail(lostWith))
           for (const body of held.bodies) body.unsafeInterruptAsFork(FiberId.none)
+          const logged = Effect.annotateLogs(Effect.logWarning("lockstep: lease lost"), {
+            "lockstep.key": spec.key,
+            "lockstep.holder": request.holder,
+            "lockstep.reason": reason
+          })
           // a release from count 1 ends the holder whatever its count was
-          return Effect.forEach(remnant, (mode) =>
+          return Effect.zipRight(logged, Effect.forEach(remnant, (mode) =>
             Effect.ignore(spec.backend.release({
               key: spec.key,
               holder: request.holder,
               mode,
               count: 1,
               leaseMs: request.leaseMs
-            })), { discard: true })
+            })), { discard: true }))
         }))
     }
+    // the keeper and the held-leases gauge let go of the record once, however it ends
+    const forget = () => {
+      if (entry.done) return
+      keeper.remove(entry)
+      metrics.recordHeld(spec.labels, -1)
+    }
+    metrics.recordHeld(spec.labels, 1)
     return Effect.as(keeper.add(entry), held)
   })

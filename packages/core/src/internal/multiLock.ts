@@ -131,7 +131,7 @@ export const expiresInOf = (leases: ReadonlyArray<Lease>): Effect.Effect<Duratio
  * `LockLost` as soon as any part is lost.
  */
 export const withAll = <A, E, R>(
-  body: Effect.Effect<A, E, R>,
+  body: Effect.Effect<A, E, R> | ((leases: ReadonlyArray<Lease>) => Effect.Effect<A, E, R>),
   specs: ReadonlyArray<LockSpec>,
   timeoutMs: number | undefined
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
@@ -145,7 +145,11 @@ export const withAll = <A, E, R>(
           // an interruption that arrived while the last grant was in flight stops here, before the body
           return Effect.matchCauseEffect(restore(Effect.void), {
             onFailure: (cause) => Effect.zipRight(close, Effect.failCause(cause)),
-            onSuccess: () => internal.whileHeld(parts.value.leases, body, restore, close)
+            onSuccess: () => {
+              const leases = parts.value.leases
+              const effect = typeof body === "function" ? Effect.suspend(() => body(leases)) : body
+              return internal.whileHeld(leases, effect, restore, close)
+            }
           })
         }
       ))

@@ -21,6 +21,15 @@ export const key = (input: unknown): Effect.Effect<string, InvalidLockOptions> =
   return Effect.succeed(input)
 }
 
+/** A handle's metric name: a short label value, the same for every handle of one purpose. */
+export const name = (input: unknown): Effect.Effect<string | undefined, InvalidLockOptions> => {
+  if (input === undefined) return Effect.succeed(undefined)
+  if (typeof input !== "string" || input.length === 0 || input.length > 128) {
+    return invalid("name", "must be a non-empty string of at most 128 characters")
+  }
+  return Effect.succeed(input)
+}
+
 /**
  * A positive duration in whole milliseconds. `Duration.decode` silently clamps NaN and negative
  * numbers to zero, so raw numbers are checked before decoding.
