@@ -3,7 +3,8 @@ import { Effect, Layer, TestClock } from "effect"
 import { Lock, RedLock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { MemoryBackend } from "@lockstep/memory"
-import { Conformance, FaultyBackend, History, ModelCheck } from "@lockstep/testkit"
+import { FaultyBackend, History, ModelCheck } from "@lockstep/testkit"
+import * as Conformance from "@lockstep/testkit/Conformance"
 
 Conformance.suite({ name: "memory", layer: MemoryBackend.layer, clock: "test" })
 

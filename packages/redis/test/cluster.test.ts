@@ -2,7 +2,8 @@ import { afterAll, beforeAll, describe } from "@effect/vitest"
 import { Effect, Exit, Layer, Scope } from "effect"
 import { Redis } from "ioredis"
 import { RedisBackend } from "@lockstep/redis"
-import { Conformance, FaultyBackend, RedisServer } from "@lockstep/testkit"
+import { FaultyBackend, RedisServer } from "@lockstep/testkit"
+import * as Conformance from "@lockstep/testkit/Conformance"
 
 const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"
 const available = await Effect.runPromise(RedisServer.available)

@@ -4,7 +4,8 @@ import RedisMock from "ioredis-mock"
 import type { Redis } from "ioredis"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { RedisBackend } from "@lockstep/redis"
-import { Conformance, FaultyBackend } from "@lockstep/testkit"
+import { FaultyBackend } from "@lockstep/testkit"
+import * as Conformance from "@lockstep/testkit/Conformance"
 
 let port = 40_000
 /** A fresh in-process mock per test: ioredis-mock runs the backend's Lua scripts in its own Lua VM. */

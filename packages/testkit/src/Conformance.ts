@@ -16,7 +16,7 @@ import * as internal from "./internal/conformance.js"
  *
  * @example
  * ```ts
- * import { Conformance } from "@lockstep/testkit"
+ * import * as Conformance from "@lockstep/testkit/Conformance"
  * import { MemoryBackend } from "@lockstep/memory"
  *
  * const harness: Conformance.Harness = { name: "memory", layer: MemoryBackend.layer, clock: "test" }
@@ -57,7 +57,7 @@ export interface Harness {
  *
  * @example
  * ```ts
- * import { Conformance } from "@lockstep/testkit"
+ * import * as Conformance from "@lockstep/testkit/Conformance"
  * import { MemoryBackend } from "@lockstep/memory"
  *
  * Conformance.suite({ name: "memory", layer: MemoryBackend.layer, clock: "test" })

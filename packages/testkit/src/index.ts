@@ -1,13 +1,9 @@
 /**
- * @since 0.1.0
- */
-
-/**
- * The conformance suite every lockstep backend runs.
+ * Test tools for lockstep backends, importable outside any test runner. The conformance suite,
+ * which registers vitest tests, is on its own subpath: `@lockstep/testkit/Conformance`.
  *
  * @since 0.1.0
  */
-export * as Conformance from "./Conformance.js"
 
 /**
  * Deliberately broken backends for negative tests.

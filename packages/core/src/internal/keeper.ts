@@ -4,7 +4,7 @@
  * a heap, not a fiber; the keeper's fiber runs only while it has entries (started by the first,
  * ended after the last), on the clock of the fiber that started it (so TestClock drives it).
  */
-import { Clock, Duration, Effect, Either, FiberId, GlobalValue } from "effect"
+import { Clock, Context, DefaultServices, Duration, Effect, Either, FiberId, GlobalValue } from "effect"
 import type { Fiber } from "effect"
 import type { Service, Subscription } from "../LockBackend.js"
 import { recordRenewals } from "./metrics.js"
@@ -62,6 +62,8 @@ const dueAt = (entry: Entry): number => {
   while (next <= entry.attemptedAt) next += quantum
   return Math.min(next, entry.deadline)
 }
+
+const liveClock = Context.get(DefaultServices.liveServices, Clock.Clock)
 
 /** A binary min-heap of entries by `at`; each entry knows its index, so it can be moved or removed. */
 export class Heap {
@@ -163,6 +165,31 @@ const makeKeeper = (backend: Service): Keeper => {
   let sleepingUntil = Infinity
   /** Bumped when a loop is replaced: an older loop stops and leaves the state alone. */
   let generation = 0
+  /** The loop's timer while it sleeps on the live clock: it keeps the process alive only while holds are live. */
+  let timer: ReturnType<typeof setTimeout> | undefined
+
+  /**
+   * The loop's sleep. On the live clock it is a timer of its own, so that once the last hold is
+   * gone (the loop sleeps on, for the next hold) the timer stops keeping the process alive: a
+   * program that released its locks exits at once, not at the next renewal time.
+   */
+  const sleep = (ms: number): Effect.Effect<void> =>
+    Effect.clockWith((clock) =>
+      clock !== liveClock
+        ? Effect.sleep(Duration.millis(ms))
+        : Effect.async<void>((resume) => {
+          const own = setTimeout(() => {
+            if (timer === own) timer = undefined
+            resume(Effect.void)
+          }, ms)
+          timer = own
+          if (live === 0) own.unref()
+          return Effect.sync(() => {
+            clearTimeout(own)
+            if (timer === own) timer = undefined
+          })
+        })
+    )
 
   const schedule = (entry: Entry): number => {
     const at = dueAt(entry)
@@ -183,8 +210,14 @@ const makeKeeper = (backend: Service): Keeper => {
       sleepingUntil = Infinity
       generation++
       old.unsafeInterruptAsFork(FiberId.none)
-      return Effect.asVoid(Effect.forkDaemon(loop(generation)))
+      return startLoop()
     })
+
+  /**
+   * A new loop fiber. Interruptible, whoever starts it (a grant runs uninterruptibly): replacing a
+   * sleeping loop interrupts it, which must cancel its timer rather than leave it running.
+   */
+  const startLoop = () => Effect.asVoid(Effect.forkDaemon(Effect.interruptible(loop(generation))))
 
   const renew = (batch: ReadonlyArray<Entry>, sentAt: number) =>
     backend.renew(batch.map((entry) => ({ key: entry.key, holder: entry.holder, leaseMs: entry.watchdogMs! }))).pipe(
@@ -246,7 +279,7 @@ const makeKeeper = (backend: Service): Keeper => {
           sleepingUntil = next
           return Effect.void
         })
-        yield* Effect.sleep(Duration.millis(Math.min(maxSleepMs, Math.max(0, next - now))))
+        yield* sleep(Math.min(maxSleepMs, Math.max(0, next - now)))
         sleeper = undefined
         sleepingUntil = Infinity
       }
@@ -261,11 +294,12 @@ const makeKeeper = (backend: Service): Keeper => {
     add: (entry) =>
       Effect.suspend(() => {
         live++
+        timer?.ref()
         const at = schedule(entry)
         if (!running) {
           running = true
           generation++
-          return Effect.asVoid(Effect.forkDaemon(loop(generation)))
+          return startLoop()
         }
         return wakeAt(at)
       }),
@@ -276,6 +310,7 @@ const makeKeeper = (backend: Service): Keeper => {
       // the loop is left to its sleep: it ends there if nothing came since, and a hold taken
       // meanwhile (a lock taken again and again) needs no new fiber
       live--
+      if (live === 0) timer?.unref()
     }
   }
 }
