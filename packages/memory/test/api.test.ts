@@ -274,3 +274,32 @@ describe("MultiLock.withLock gives its body the multi-lease", () => {
       assert.deepStrictEqual(seen.holders.map((h) => h.length), [1, 1])
     }).pipe(Effect.provide(MemoryBackend.layer)))
 })
+
+describe("an acquisition that starts over", () => {
+  it.effect("an interruption while the new holder's grant is in flight leaves nothing held", () =>
+    Effect.gen(function*() {
+      const memory = yield* MemoryBackend.make
+      let calls = 0
+      const backend: Service = {
+        ...memory,
+        acquire: (request) => {
+          calls++
+          // the first attempt is refused as a late copy (NotHeld): the acquisition starts over as a
+          // new holder; that attempt is granted, and its reply takes a while to come back
+          if (calls === 1) return Effect.fail(new LockError.NotHeld({ key: request.key, holder: request.holder }))
+          return Effect.tap(memory.acquire(request), () => Effect.sleep("100 millis"))
+        }
+      }
+      const result = yield* Effect.gen(function*() {
+        const lock = yield* Lock.make("api:restart")
+        const fiber = yield* Effect.fork(Lock.withLock(Effect.never, lock))
+        yield* TestClock.adjust("50 millis")
+        assert.strictEqual(calls, 2, "the second attempt is in flight")
+        const interrupted = yield* Effect.fork(Fiber.interrupt(fiber))
+        yield* TestClock.adjust("100 millis")
+        yield* Fiber.join(interrupted)
+        return yield* Lock.isLocked(lock)
+      }).pipe(Effect.provide(Layer.succeed(LockBackend.LockBackend, backend)))
+      assert.isFalse(result, "the grant that arrived after the interruption was released")
+    }))
+})

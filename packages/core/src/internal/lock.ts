@@ -518,9 +518,11 @@ const attemptOnce = (
         const finish: Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> = Effect.suspend(() => {
           if (stale) {
             return Effect.flatMap(monotonicMillis, (now) => {
-              // start over as a new holder, within what is left of the wait
+              // start over as a new holder, within what is left of the wait; like the first
+              // attempt, each attempt runs uninterruptibly (only the waiting is restored), so an
+              // interruption cannot cut a grant in flight loose from its release
               const left = timeoutMs === undefined || timeoutMs === 0 ? timeoutMs : Math.max(1, timeoutMs - (now - startedAt))
-              return restore(attemptOnce(spec, permits, left, restore))
+              return attemptOnce(spec, permits, left, restore)
             })
           }
           return Effect.succeed(Option.fromNullable(granted))
