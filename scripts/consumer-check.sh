@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# Checks the packages as they are published: builds and packs every package, installs the tarballs
-# with npm into a new project outside the workspace, runs an ES module and a CommonJS program with
-# plain node (memory backend and a real redis-server, with ioredis 6 and with ioredis 5), type-checks
-# a TypeScript consumer under moduleResolution node16 and bundler (strict, no skipLibCheck, types: []),
-# and runs publint and @arethetypeswrong/cli on every tarball. Any failure fails the check.
+# Checks the packages as they are published, run by .ci/run:
+# 1. builds every package and packs it with pnpm (which puts publishConfig's exports, types and
+#    typesVersions in place and turns workspace: ranges into real versions), and checks the packed
+#    manifests and file lists;
+# 2. runs publint and @arethetypeswrong/cli (all resolution modes, node10 included) on every tarball;
+# 3. installs the tarballs with npm into a new project outside the workspace, with effect and
+#    ioredis 6, then ioredis 5, and for each: runs an ES module and a CommonJS program with plain
+#    node (locks on the memory backend and on a real redis-server they start), and type-checks a
+#    TypeScript consumer (strict, skipLibCheck off, types: []) under module/moduleResolution node16
+#    (as a CommonJS .ts and an ES module .mts) and esnext/bundler. Once, it also type-checks every
+#    public entry point but @lockstep/redis without Node's types in the program, to show our
+#    declarations need none.
+# Any failure fails the check. LOCKSTEP_KEEP_CONSUMER=1 keeps the temporary directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PNPM="npx -y pnpm@10.34.9"
 WORK=$(mktemp -d)
-# LOCKSTEP_KEEP_CONSUMER=1 keeps the temporary projects to look into
-[ "${LOCKSTEP_KEEP_CONSUMER:-}" = 1 ] && echo "working in $WORK" || trap 'rm -rf "$WORK"' EXIT
+if [ "${LOCKSTEP_KEEP_CONSUMER:-}" = 1 ]; then echo "working in $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
 
 $PNPM build
 mkdir -p "$WORK/tarballs"
@@ -19,44 +26,90 @@ for package in core memory redis testkit; do
 done
 TARBALLS=$(ls "$WORK"/tarballs/*.tgz)
 
-echo "== publint and attw"
+echo "== packed manifests"
 for tarball in $TARBALLS; do
   name=$(basename "$tarball" .tgz)
   mkdir -p "$WORK/unpacked/$name"
   tar -xzf "$tarball" -C "$WORK/unpacked/$name"
-  # packed manifests carry real versions and the built exports, never workspace links or sources
-  node -e '
-    const m = require(process.argv[1])
-    const text = JSON.stringify(m)
-    if (text.includes("workspace:")) throw new Error(m.name + ": a workspace: range was packed")
-    if (text.includes("/src/") && JSON.stringify(m.exports).includes(".ts\"")) throw new Error(m.name + ": exports point at sources")
-    if (JSON.stringify(m.exports).includes("internal")) throw new Error(m.name + ": internal modules are exported")
-  ' "$WORK/unpacked/$name/package/package.json"
-  for file in LICENSE README.md; do
-    [ -f "$WORK/unpacked/$name/package/$file" ] || { echo "$name: $file is not packed"; exit 1; }
-  done
-  if tar -tzf "$tarball" | grep -q "/test/"; then echo "$name: tests are packed"; exit 1; fi
-  "$ROOT/node_modules/.bin/publint" --strict --pack false "$WORK/unpacked/$name/package"
-  "$ROOT/node_modules/.bin/attw" "$tarball" --profile node16 --format table-flipped
+  node "$ROOT/scripts/consumer/check-packed.mjs" "$WORK/unpacked/$name/package" "$tarball"
 done
+
+echo "== publint and attw"
+for tarball in $TARBALLS; do
+  name=$(basename "$tarball" .tgz)
+  "$ROOT/node_modules/.bin/publint" --strict --pack false "$WORK/unpacked/$name/package"
+  # every resolution mode (node10 through typesVersions, node16 from CommonJS and ESM, bundler)
+  "$ROOT/node_modules/.bin/attw" "$tarball" --format table-flipped --no-color
+done
+
+# strict settings of a careful consumer; types: [] so that only what is imported brings Node's
+# types in (ioredis's declarations reference them; @types/node is installed as a Node project has it)
+tsconfig() { # module moduleResolution lib files...
+  local module=$1 resolution=$2 lib=$3
+  shift 3
+  node -e '
+    const [module, moduleResolution, lib, ...files] = process.argv.slice(1)
+    console.log(JSON.stringify({
+      compilerOptions: {
+        strict: true, exactOptionalPropertyTypes: true, noUncheckedIndexedAccess: true,
+        noImplicitOverride: true, isolatedModules: true, erasableSyntaxOnly: true,
+        skipLibCheck: false, types: [], lib: lib.split(","), target: "es2022",
+        module, moduleResolution, noEmit: true
+      },
+      files
+    }, null, 2))
+  ' "$module" "$resolution" "$lib" "$@"
+}
 
 consumer() {
   local ioredis=$1 dir="$WORK/consumer-ioredis$1"
   mkdir -p "$dir"
-  cp scripts/consumer/program.mjs scripts/consumer/program.cjs scripts/consumer/consumer.ts "$dir/"
+  cp scripts/consumer/program.mjs scripts/consumer/program.cjs "$dir/"
+  # the same TypeScript consumer as a CommonJS file (.ts: the package has no "type") and as an ES module
+  cp scripts/consumer/consumer.ts "$dir/consumer.ts"
+  cp scripts/consumer/consumer.ts "$dir/consumer.mts"
   echo '{ "name": "consumer", "version": "0.0.0", "private": true }' > "$dir/package.json"
-  (cd "$dir" && npm install --no-audit --no-fund --loglevel=error $TARBALLS \
-    "effect@^3.22.4" "ioredis@^$ioredis" "typescript@~5.9.3" "@types/node@^20" "vitest@^3.2.4" "@effect/vitest@^0.29.0" >/dev/null)
+  echo "== ioredis $ioredis: npm install of the tarballs"
+  (cd "$dir" && npm install --loglevel=error --no-audit --no-fund $TARBALLS "effect@^3.22.4" "ioredis@^$ioredis" \
+    "typescript@~5.9.3" "@types/node@^20" "vitest@^3.2.4" "@effect/vitest@^0.29.0" >/dev/null)
+  (cd "$dir" && node -e '
+    for (const name of ["effect", "ioredis", "typescript", "@lockstep/core", "@lockstep/redis"])
+      process.stdout.write(`${name}@${require(name + "/package.json").version}  `)
+    console.log()')
   echo "== ioredis $ioredis: plain node, ES module and CommonJS"
-  (cd "$dir" && node program.mjs && node program.cjs)
-  echo "== ioredis $ioredis: tsc, moduleResolution node16 and bundler"
+  (cd "$dir" && timeout 120 node program.mjs && timeout 120 node program.cjs)
+  echo "== ioredis $ioredis: tsc"
+  tsconfig node16 node16 es2022 consumer.ts consumer.mts > "$dir/tsconfig.node16.json"
+  tsconfig esnext bundler es2022 consumer.ts > "$dir/tsconfig.bundler.json"
   for resolution in node16 bundler; do
-    local module=$resolution
-    [ "$resolution" = bundler ] && module=esnext
-    (cd "$dir" && node_modules/.bin/tsc --noEmit --strict --skipLibCheck false --types node --erasableSyntaxOnly \
-      --exactOptionalPropertyTypes --target es2022 --module "$module" --moduleResolution "$resolution" consumer.ts)
-    echo "tsc --moduleResolution $resolution: ok"
+    (cd "$dir" && node_modules/.bin/tsc -p "tsconfig.$resolution.json" | head -n 40)
+    echo "tsc -p tsconfig.$resolution.json: ok"
   done
+  if [ "$ioredis" = 6 ]; then
+    # every public entry point but @lockstep/redis (whose ioredis peer brings Node's types), in a
+    # program without Node's types: effect's own declarations need URL and AbortSignal, from lib dom
+    (cd "$dir" && node -e '
+      const entries = []
+      for (const name of ["core", "memory", "testkit"]) {
+        const manifest = require(`@lockstep/${name}/package.json`)
+        for (const path of Object.keys(manifest.exports)) {
+          if (path !== "./package.json") entries.push(manifest.name + path.slice(1))
+        }
+      }
+      const source = entries.map((entry, i) => `import * as E${i} from "${entry}"\n`).join("") +
+        `export const entries = [${entries.map((_, i) => `E${i}`).join(", ")}]\n`
+      require("node:fs").writeFileSync("entries.ts", source)
+      require("node:fs").writeFileSync("entries.mts", source)
+      console.log(`entries.ts: ${entries.length} entry points`)')
+    tsconfig node16 node16 es2022,dom entries.ts entries.mts > "$dir/tsconfig.entries-node16.json"
+    tsconfig esnext bundler es2022,dom entries.ts > "$dir/tsconfig.entries-bundler.json"
+    for resolution in node16 bundler; do
+      (cd "$dir" && node_modules/.bin/tsc -p "tsconfig.entries-$resolution.json" --listFilesOnly > files.txt)
+      if grep -q "@types/node/" "$dir/files.txt"; then echo "entries: Node's types came into the program"; exit 1; fi
+      (cd "$dir" && node_modules/.bin/tsc -p "tsconfig.entries-$resolution.json" | head -n 40)
+      echo "tsc -p tsconfig.entries-$resolution.json (no Node types): ok"
+    done
+  fi
 }
 consumer 6
 consumer 5

@@ -1,25 +1,69 @@
-// The same as program.mjs, as a CommonJS program.
-const { Effect } = require("effect")
-const { Lock } = require("@lockstep/core")
+// program.mjs as a CommonJS program: the same locks through require(), which loads the packages'
+// CommonJS build (dist/cjs).
+const { ConfigProvider, Effect } = require("effect")
+const { Redis } = require("ioredis")
+const { Lock, Semaphore } = require("@lockstep/core")
 const { MemoryBackend } = require("@lockstep/memory")
 const { RedisBackend } = require("@lockstep/redis")
 const { RedisServer } = require("@lockstep/testkit")
-const ioredisVersion = require("ioredis/package.json").version
 
-const twoGrants = (label) =>
+const format = "cjs"
+const ioredis = require("ioredis/package.json").version
+const check = (ok, message) => (ok ? Effect.void : Effect.dieMessage(`${format}: ${message}`))
+
+const session = (label) =>
   Effect.gen(function* () {
-    const lock = yield* Lock.make("consumer:orders:43")
-    const first = yield* Lock.withLock((lease) => Effect.succeed(lease.fence), lock)
+    const lock = yield* Lock.make("consumer:orders:43", { name: "consumer" })
+    const first = yield* Effect.scoped(
+      Effect.gen(function* () {
+        const lease = yield* Lock.acquire(lock)
+        const again = yield* Lock.acquire(lock)
+        const count = yield* Lock.holdCount(lock)
+        yield* check(again.fence === lease.fence && count === 2, `${label}: re-entry gave fence ${again.fence}, count ${count}`)
+        return lease.fence
+      })
+    )
+    const free = yield* Lock.holdCount(lock)
+    yield* check(free === 0, `${label}: still held after its scope closed (count ${free})`)
     const second = yield* Lock.withLock((lease) => Effect.succeed(lease.fence), lock)
-    if (!(second > first)) return yield* Effect.dieMessage(`${label}: fences out of order: ${first}, ${second}`)
-    console.log(`cjs ${label}: two grants, fences ${first} < ${second}`)
+    yield* check(second > first, `${label}: fences out of order: ${first}, ${second}`)
+    const mine = yield* Lock.withLock(Lock.isHeldByCurrentFiber(lock), lock)
+    const quota = yield* Semaphore.make("consumer:quota", { limit: 3 })
+    const left = yield* Semaphore.withPermits(Semaphore.available(quota), quota, { permits: 2 })
+    console.log(
+      `${format} ${label}: acquired fence ${first} (re-entered, hold count 2), released; ` +
+        `acquired again fence ${second} > ${first}, released; held by me inside withLock: ${mine}; ` +
+        `semaphore: 2 of 3 permits taken, ${left} left`
+    )
   })
 
 const program = Effect.gen(function* () {
-  yield* twoGrants("memory").pipe(Effect.provide(MemoryBackend.layer))
+  yield* session("memory").pipe(Effect.provide(MemoryBackend.layer))
+
   const server = yield* RedisServer.make()
-  yield* twoGrants(`redis ${server.url} (ioredis ${ioredisVersion})`).pipe(Effect.provide(RedisBackend.layerFrom(server.url)))
+  const client = new Redis(server.url)
+  yield* Effect.addFinalizer(() => Effect.promise(() => client.quit()))
+  yield* session(`redis ${server.url} ioredis ${ioredis} layer({ client })`).pipe(
+    Effect.provide(RedisBackend.layer({ client }))
+  )
+  const left = yield* Effect.promise(() => client.exists("consumer:orders:43"))
+  yield* check(left === 0, `the lock's hash is still in Redis after its release`)
+  yield* session(`redis ${server.url} ioredis ${ioredis} layerConfig()`).pipe(
+    Effect.provide(RedisBackend.layerConfig()),
+    Effect.withConfigProvider(ConfigProvider.fromMap(new Map([["REDIS_URL", server.url]])))
+  )
 }).pipe(Effect.scoped)
+
+for (const specifier of ["@lockstep/core/internal/lock", "@lockstep/core/internal/lock.js", "@lockstep/redis/dist/cjs/index.js"]) {
+  let outcome = "required"
+  try {
+    require(specifier)
+  } catch (error) {
+    outcome = error.code
+  }
+  if (outcome !== "ERR_PACKAGE_PATH_NOT_EXPORTED") throw new Error(`${format}: require("${specifier}"): ${outcome}`)
+}
+console.log(`${format}: @lockstep/core/internal/* and dist/ paths are not exported (ERR_PACKAGE_PATH_NOT_EXPORTED)`)
 
 Effect.runPromise(program).catch((error) => {
   console.error(error)

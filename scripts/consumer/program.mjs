@@ -1,32 +1,72 @@
-// An ES module program, run with plain node against the packed packages: a lock on the memory
-// backend and on a real redis-server (started by @lockstep/testkit's root, outside any test runner).
-import { Effect, Metric } from "effect"
-import { Lock, LockMetrics } from "@lockstep/core"
+// An ES module program, run with plain node in a project that installed the packed tarballs with
+// npm (scripts/consumer-check.sh): it takes and releases locks on the memory backend and on a real
+// redis-server that @lockstep/testkit's root starts on a free loopback port, outside any test
+// runner. It prints what it did and exits non-zero on any failure. program.cjs is the same in
+// CommonJS.
+import { ConfigProvider, Effect } from "effect"
+import { Redis } from "ioredis"
+import { Lock, Semaphore } from "@lockstep/core"
 import { MemoryBackend } from "@lockstep/memory"
 import { RedisBackend } from "@lockstep/redis"
 import { RedisServer } from "@lockstep/testkit"
 import { createRequire } from "node:module"
 
-const ioredisPackage = createRequire(import.meta.url)("ioredis/package.json")
+const format = "esm"
+const ioredis = createRequire(import.meta.url)("ioredis/package.json").version
+const check = (ok, message) => (ok ? Effect.void : Effect.dieMessage(`${format}: ${message}`))
 
-const twoGrants = (label) =>
+// take a lock, hold it (re-entering once), release it, and take it again: the second grant has a
+// higher fence; then a semaphore's permits
+const session = (label) =>
   Effect.gen(function* () {
     const lock = yield* Lock.make("consumer:orders:42", { name: "consumer" })
-    const first = yield* Lock.withLock((lease) => Effect.succeed(lease.fence), lock)
+    const first = yield* Effect.scoped(
+      Effect.gen(function* () {
+        const lease = yield* Lock.acquire(lock)
+        const again = yield* Lock.acquire(lock)
+        const count = yield* Lock.holdCount(lock)
+        yield* check(again.fence === lease.fence && count === 2, `${label}: re-entry gave fence ${again.fence}, count ${count}`)
+        return lease.fence
+      })
+    )
+    const free = yield* Lock.holdCount(lock)
+    yield* check(free === 0, `${label}: still held after its scope closed (count ${free})`)
     const second = yield* Lock.withLock((lease) => Effect.succeed(lease.fence), lock)
-    if (!(second > first)) return yield* Effect.dieMessage(`${label}: fences out of order: ${first}, ${second}`)
+    yield* check(second > first, `${label}: fences out of order: ${first}, ${second}`)
     const mine = yield* Lock.withLock(Lock.isHeldByCurrentFiber(lock), lock)
-    console.log(`esm ${label}: two grants, fences ${first} < ${second}, held by me inside: ${mine}`)
+    const quota = yield* Semaphore.make("consumer:quota", { limit: 3 })
+    const left = yield* Semaphore.withPermits(Semaphore.available(quota), quota, { permits: 2 })
+    console.log(
+      `${format} ${label}: acquired fence ${first} (re-entered, hold count 2), released; ` +
+        `acquired again fence ${second} > ${first}, released; held by me inside withLock: ${mine}; ` +
+        `semaphore: 2 of 3 permits taken, ${left} left`
+    )
   })
 
 const program = Effect.gen(function* () {
-  yield* twoGrants("memory").pipe(Effect.provide(MemoryBackend.layer))
+  yield* session("memory").pipe(Effect.provide(MemoryBackend.layer))
+
   const server = yield* RedisServer.make()
-  yield* twoGrants(`redis ${server.url} (ioredis ${ioredisPackage.version})`).pipe(
-    Effect.provide(RedisBackend.layerFrom(server.url))
+  // on a client the program owns, as RedisBackend.layer({ client }) borrows it
+  const client = new Redis(server.url)
+  yield* Effect.addFinalizer(() => Effect.promise(() => client.quit()))
+  yield* session(`redis ${server.url} ioredis ${ioredis} layer({ client })`).pipe(
+    Effect.provide(RedisBackend.layer({ client }))
   )
-  const granted = yield* Metric.value(LockMetrics.acquisitions.pipe(Metric.tagged("kind", "Lock"), Metric.tagged("name", "consumer"), Metric.tagged("outcome", "granted")))
-  console.log(`esm lockstep_acquisitions_total{kind="Lock",name="consumer",outcome="granted"} ${granted.count}`)
+  const left = yield* Effect.promise(() => client.exists("consumer:orders:42"))
+  yield* check(left === 0, `the lock's hash is still in Redis after its release`)
+  // on connections the layer opens itself, from REDIS_URL
+  yield* session(`redis ${server.url} ioredis ${ioredis} layerConfig()`).pipe(
+    Effect.provide(RedisBackend.layerConfig()),
+    Effect.withConfigProvider(ConfigProvider.fromMap(new Map([["REDIS_URL", server.url]])))
+  )
 }).pipe(Effect.scoped)
+
+// implementation modules are not part of the package
+for (const specifier of ["@lockstep/core/internal/lock", "@lockstep/core/internal/lock.js", "@lockstep/redis/dist/esm/index.js"]) {
+  const outcome = await import(specifier).then(() => "imported", (error) => error.code)
+  if (outcome !== "ERR_PACKAGE_PATH_NOT_EXPORTED") throw new Error(`${format}: import("${specifier}"): ${outcome}`)
+}
+console.log(`${format}: @lockstep/core/internal/* and dist/ paths are not exported (ERR_PACKAGE_PATH_NOT_EXPORTED)`)
 
 await Effect.runPromise(program)
