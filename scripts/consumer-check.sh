@@ -4,9 +4,10 @@
 #    typesVersions in place and turns workspace: ranges into real versions), and checks the packed
 #    manifests and file lists;
 # 2. runs publint and @arethetypeswrong/cli (all resolution modes, node10 included) on every tarball;
-# 3. installs the tarballs with npm into a new project outside the workspace, with effect and
-#    ioredis 6, then ioredis 5, and for each: runs an ES module and a CommonJS program with plain
-#    node (locks on the memory backend and on a real redis-server they start), and type-checks a
+# 3. installs the tarballs with npm into a new project outside the workspace, with effect,
+#    @effect/sql-pg and ioredis 6, then ioredis 5, and for each: runs an ES module and a CommonJS
+#    program with plain node (locks on the memory backend, on a real redis-server they start and on
+#    the machine's PostgreSQL in a database of the check's own), and type-checks a
 #    TypeScript consumer (strict, skipLibCheck off, types: []) under module/moduleResolution node16
 #    (as a CommonJS .ts and an ES module .mts) and esnext/bundler. Once, it also type-checks every
 #    public entry point but @lockstep/redis without Node's types in the program, to show our
@@ -21,7 +22,7 @@ if [ "${LOCKSTEP_KEEP_CONSUMER:-}" = 1 ]; then echo "working in $WORK"; else tra
 
 $PNPM build
 mkdir -p "$WORK/tarballs"
-for package in core memory redis testkit; do
+for package in core memory redis sql testkit; do
   (cd "packages/$package" && $PNPM pack --pack-destination "$WORK/tarballs" >/dev/null)
 done
 TARBALLS=$(ls "$WORK"/tarballs/*.tgz)
@@ -71,9 +72,9 @@ consumer() {
   echo '{ "name": "consumer", "version": "0.0.0", "private": true }' > "$dir/package.json"
   echo "== ioredis $ioredis: npm install of the tarballs"
   (cd "$dir" && npm install --loglevel=error --no-audit --no-fund $TARBALLS "effect@^3.22.4" "ioredis@^$ioredis" \
-    "typescript@~5.9.3" "@types/node@^20" "vitest@^3.2.4" "@effect/vitest@^0.29.0" >/dev/null)
+    "@effect/sql-pg@^0.53.0" "typescript@~5.9.3" "@types/node@^20" "vitest@^3.2.4" "@effect/vitest@^0.29.0" >/dev/null)
   (cd "$dir" && node -e '
-    for (const name of ["effect", "ioredis", "typescript", "@lockstep/core", "@lockstep/redis"])
+    for (const name of ["effect", "ioredis", "@effect/sql", "@effect/sql-pg", "typescript", "@lockstep/core", "@lockstep/redis", "@lockstep/sql"])
       process.stdout.write(`${name}@${require(name + "/package.json").version}  `)
     console.log()')
   echo "== ioredis $ioredis: plain node, ES module and CommonJS"
@@ -111,6 +112,11 @@ consumer() {
     done
   fi
 }
+# @lockstep/sql's programs lock on the machine's PostgreSQL, in a database of this check's own
+CONSUMER_DB="lockstep_consumer_$$"
+psql -h 127.0.0.1 -U postgres -d postgres -qc "CREATE DATABASE $CONSUMER_DB"
+trap 'psql -h 127.0.0.1 -U postgres -d postgres -qc "DROP DATABASE IF EXISTS $CONSUMER_DB WITH (FORCE)"; if [ "${LOCKSTEP_KEEP_CONSUMER:-}" != 1 ]; then rm -rf "$WORK"; fi' EXIT
+export LOCKSTEP_CONSUMER_PG_URL="postgres://postgres@127.0.0.1:5432/$CONSUMER_DB"
 consumer 6
 consumer 5
 echo "consumer check: ok"

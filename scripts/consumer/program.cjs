@@ -1,10 +1,11 @@
 // program.mjs as a CommonJS program: the same locks through require(), which loads the packages'
 // CommonJS build (dist/cjs).
-const { ConfigProvider, Effect } = require("effect")
+const { Config, ConfigProvider, Effect, Redacted } = require("effect")
 const { Redis } = require("ioredis")
 const { Lock, Semaphore } = require("@lockstep/core")
 const { MemoryBackend } = require("@lockstep/memory")
 const { RedisBackend } = require("@lockstep/redis")
+const { SqlBackend } = require("@lockstep/sql")
 const { RedisServer } = require("@lockstep/testkit")
 
 const format = "cjs"
@@ -51,6 +52,12 @@ const program = Effect.gen(function* () {
   yield* session(`redis ${server.url} ioredis ${ioredis} layerConfig()`).pipe(
     Effect.provide(RedisBackend.layerConfig()),
     Effect.withConfigProvider(ConfigProvider.fromMap(new Map([["REDIS_URL", server.url]])))
+  )
+  // @lockstep/sql on PostgreSQL, through the driver package the URL names (a database of the check's own)
+  const postgres = process.env["LOCKSTEP_CONSUMER_PG_URL"]
+  yield* check(postgres !== undefined, "LOCKSTEP_CONSUMER_PG_URL is not set")
+  yield* session(`sql ${postgres} layerConfig`).pipe(
+    Effect.provide(SqlBackend.layerConfig(Config.succeed(Redacted.make(postgres))))
   )
 }).pipe(Effect.scoped)
 

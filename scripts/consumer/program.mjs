@@ -3,11 +3,12 @@
 // redis-server that @lockstep/testkit's root starts on a free loopback port, outside any test
 // runner. It prints what it did and exits non-zero on any failure. program.cjs is the same in
 // CommonJS.
-import { ConfigProvider, Effect } from "effect"
+import { Config, ConfigProvider, Effect, Redacted } from "effect"
 import { Redis } from "ioredis"
 import { Lock, Semaphore } from "@lockstep/core"
 import { MemoryBackend } from "@lockstep/memory"
 import { RedisBackend } from "@lockstep/redis"
+import { SqlBackend } from "@lockstep/sql"
 import { RedisServer } from "@lockstep/testkit"
 import { createRequire } from "node:module"
 
@@ -59,6 +60,12 @@ const program = Effect.gen(function* () {
   yield* session(`redis ${server.url} ioredis ${ioredis} layerConfig()`).pipe(
     Effect.provide(RedisBackend.layerConfig()),
     Effect.withConfigProvider(ConfigProvider.fromMap(new Map([["REDIS_URL", server.url]])))
+  )
+  // @lockstep/sql on PostgreSQL, through the driver package the URL names (a database of the check's own)
+  const postgres = process.env["LOCKSTEP_CONSUMER_PG_URL"]
+  yield* check(postgres !== undefined, "LOCKSTEP_CONSUMER_PG_URL is not set")
+  yield* session(`sql ${postgres} layerConfig`).pipe(
+    Effect.provide(SqlBackend.layerConfig(Config.succeed(Redacted.make(postgres))))
   )
 }).pipe(Effect.scoped)
 

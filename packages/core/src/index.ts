@@ -58,3 +58,10 @@ export * as Semaphore from "./Semaphore.js"
  * @since 0.1.0
  */
 export * as RedLock from "./RedLock.js"
+
+/**
+ * The backend rules as pure functions over immutable state.
+ *
+ * @since 0.1.0
+ */
+export * as Rules from "./Rules.js"

@@ -1,0 +1,196 @@
+/**
+ * The SQL backend: lockstep's locks on PostgreSQL, MySQL/MariaDB or SQLite through `@effect/sql`.
+ *
+ * Each key is one row of one table (default `lockstep_locks`), created on first use:
+ *
+ * | column | type | |
+ * |---|---|---|
+ * | `name` | text (MySQL: `VARBINARY(2816)`) | primary key: the lock's key |
+ * | `state` | text (JSON) | holders, fair queue, fence, remembered holders, latch count |
+ * | `expires_at` | double, indexed | when nothing in `state` matters any more (database clock, ms) |
+ * | `version` | double | bumped by every change that may let a waiter in |
+ *
+ * and beside it `<table>_ended` (`name`, `holder`, `expires_at`): holders that ended recently,
+ * remembered for a lease so that a late or repeated acquire of theirs grants nothing.
+ *
+ * Every operation is one transaction that locks the key's row, reads the database's clock, applies
+ * the rules of `@lockstep/core/Rules` to the row's state and writes it back: expiry is judged on the
+ * database server's clock, in the same transaction as the decision. Rows whose `expires_at` has
+ * passed are deleted once a minute. Waiters wake on PostgreSQL's `LISTEN/NOTIFY`; on MySQL and
+ * SQLite, which have no notifications, one query per backend reads the versions of the rows its
+ * waiters wait on, every 25 ms (SQLite: 10 ms) while someone waits, and releases made by the same
+ * backend wake its waiters at once.
+ *
+ * @since 0.1.0
+ */
+import type { Duration, Scope } from "effect"
+import { Config, Effect, Layer, Redacted } from "effect"
+import type { ConfigError } from "effect/ConfigError"
+import { SqlClient } from "@effect/sql/SqlClient"
+import type { SqlError } from "@effect/sql/SqlError"
+import { LockBackend } from "@lockstep/core/LockBackend"
+import type { Service } from "@lockstep/core/LockBackend"
+import { BackendError, InvalidLockOptions } from "@lockstep/core/LockError"
+import * as internal from "./internal/sqlBackend.js"
+
+/**
+ * How the backend uses its database.
+ *
+ * @example
+ * ```ts
+ * import type { SqlBackend } from "@lockstep/sql"
+ *
+ * const options: SqlBackend.Options = { schema: "locks", table: "held", commandTimeout: "2 seconds" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Options {
+  /**
+   * The table's schema (PostgreSQL), database (MySQL) or attached database (SQLite). Default: the
+   * connection's own. Up to 57 letters, digits and underscores.
+   */
+  readonly schema?: string | undefined
+  /** The table (and `<table>_ended` beside it). Default `lockstep_locks`. Up to 57 letters, digits and underscores. */
+  readonly table?: string | undefined
+  /**
+   * Create the table (and, on PostgreSQL, the schema) if it does not exist. Default `true`; with
+   * `false`, create it beforehand with `SqlBackend.migrate`.
+   */
+  readonly createSchema?: boolean | undefined
+  /**
+   * Every call that takes longer (a row lock held by a stalled transaction, a silent server) fails
+   * with `BackendError`; its transaction is rolled back. Default 5 seconds.
+   */
+  readonly commandTimeout?: Duration.DurationInput | undefined
+  /** Most leases renewed in one transaction. Default 500. */
+  readonly renewBatchSize?: number | undefined
+  /** MySQL and SQLite: how often waiters' rows are read for changes. Default 25 ms (SQLite 10 ms). */
+  readonly pollInterval?: Duration.DurationInput | undefined
+  /** How often rows that no longer matter are deleted. Default 1 minute. */
+  readonly sweepInterval?: Duration.DurationInput | undefined
+}
+
+/**
+ * The backend on the `SqlClient` in context (borrowed: never closed here). The dialect is the
+ * client's: `@effect/sql-pg`, `@effect/sql-mysql2` (MySQL and MariaDB) or
+ * `@effect/sql-sqlite-node`.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { SqlBackend } from "@lockstep/sql"
+ *
+ * const backend = Effect.scoped(SqlBackend.make({ table: "locks" }))
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const make = (
+  options?: Options
+): Effect.Effect<Service, BackendError | InvalidLockOptions, SqlClient | Scope.Scope> =>
+  Effect.flatMap(SqlClient, (sql) => internal.make(sql, options))
+
+/**
+ * Creates the backend's table (and index) if absent, for those who run their own migrations
+ * and build the backend with `createSchema: false`.
+ *
+ * @example
+ * ```ts
+ * import { SqlBackend } from "@lockstep/sql"
+ *
+ * const migration = SqlBackend.migrate({ table: "locks" })
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const migrate = (
+  options?: Pick<Options, "schema" | "table">
+): Effect.Effect<void, BackendError | InvalidLockOptions, SqlClient> =>
+  Effect.flatMap(SqlClient, (sql) => internal.migrate(sql, options))
+
+/**
+ * The backend as a layer over the `SqlClient` layer you already have.
+ *
+ * @example
+ * ```ts
+ * import { Layer } from "effect"
+ * import { PgClient } from "@effect/sql-pg"
+ * import { SqlBackend } from "@lockstep/sql"
+ *
+ * const backend = SqlBackend.layer().pipe(Layer.provide(PgClient.layer({ database: "app" })))
+ * ```
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layer = (options?: Options): Layer.Layer<LockBackend, BackendError | InvalidLockOptions, SqlClient> =>
+  Layer.scoped(LockBackend, make(options))
+
+/**
+ * The backend and its own client, from a URL: `postgres://` or `postgresql://` (`@effect/sql-pg`),
+ * `mysql://` or `mariadb://` (`@effect/sql-mysql2`), `sqlite:<path>` or `file:<path>`
+ * (`@effect/sql-sqlite-node`). Only the driver the URL names is loaded; install it beside this
+ * package. Default: the `DATABASE_URL` environment variable.
+ *
+ * @example
+ * ```ts
+ * import { Config } from "effect"
+ * import { SqlBackend } from "@lockstep/sql"
+ *
+ * const fromEnv = SqlBackend.layerConfig()
+ * const custom = SqlBackend.layerConfig(Config.redacted("LOCKS_DATABASE_URL"), { table: "locks" })
+ * ```
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layerConfig = (
+  url: Config.Config<Redacted.Redacted> = Config.redacted("DATABASE_URL"),
+  options?: Options
+): Layer.Layer<LockBackend, BackendError | InvalidLockOptions | ConfigError> =>
+  Layer.unwrapEffect(Effect.map(url, (value) => layer(options).pipe(Layer.provide(clientLayer(value))))).pipe(
+    Layer.catchAll((error) => Layer.fail(error._tag === "SqlError" ? connectFailure(error) : error))
+  )
+
+const connectFailure = (cause: unknown) =>
+  new BackendError({ operation: "connect", cause })
+
+/** The client layer the URL's scheme names, from its driver package, loaded on demand. */
+const clientLayer = (
+  url: Redacted.Redacted
+): Layer.Layer<SqlClient, BackendError | InvalidLockOptions | ConfigError | SqlError> => {
+  const text = Redacted.value(url)
+  const scheme = text.slice(0, Math.max(0, text.indexOf(":"))).toLowerCase()
+  const driver = <A>(name: string, load: () => Promise<A>) =>
+    Effect.tryPromise({
+      try: load,
+      catch: (cause) => new BackendError({ operation: "connect", cause, detail: `cannot load ${name}: install it beside @lockstep/sql` })
+    })
+  switch (scheme) {
+    case "postgres":
+    case "postgresql":
+      return Layer.unwrapEffect(
+        Effect.map(driver("@effect/sql-pg", () => import("@effect/sql-pg")), ({ PgClient }) => PgClient.layer({ url }))
+      )
+    case "mysql":
+    case "mariadb":
+      return Layer.unwrapEffect(
+        Effect.map(driver("@effect/sql-mysql2", () => import("@effect/sql-mysql2")), ({ MysqlClient }) =>
+          MysqlClient.layer({ url: Redacted.make(text.replace(/^mariadb:/i, "mysql:")) }))
+      )
+    case "sqlite":
+    case "file":
+      return Layer.unwrapEffect(
+        Effect.map(driver("@effect/sql-sqlite-node", () => import("@effect/sql-sqlite-node")), ({ SqliteClient }) =>
+          SqliteClient.layer({ filename: text.slice(scheme.length + 1).replace(/^\/\//, "") }))
+      )
+    default:
+      return Layer.fail(
+        new InvalidLockOptions({ field: "url", reason: `unknown scheme "${scheme}": use postgres:, mysql:, mariadb: or sqlite:` })
+      )
+  }
+}

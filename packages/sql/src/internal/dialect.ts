@@ -1,0 +1,268 @@
+/**
+ * The statements that differ between databases. Everything else (the rules, the transaction,
+ * wake-ups) is shared. Every statement names the table through `table`, an identifier quoted
+ * for the database.
+ */
+export type DialectName = "pg" | "mysql" | "sqlite"
+
+export interface Statement {
+  readonly sql: string
+  readonly params: ReadonlyArray<unknown>
+}
+
+/** A row as the backend writes it. */
+export interface RowWrite {
+  readonly name: string
+  readonly state: string
+  readonly expiresAt: number
+  readonly version: number
+}
+
+export interface Dialect {
+  readonly name: DialectName
+  /** Shown in errors: `PostgreSQL`, `MySQL`, `SQLite`. */
+  readonly label: string
+  /**
+   * Starts a transaction whose statements the server itself ends after `timeoutMs` where it can
+   * (PostgreSQL), so that a call given up on does not keep waiting for a row lock there.
+   */
+  readonly begin: (timeoutMs: number) => string
+  /** Creates the table and its index if absent. */
+  readonly createSchema: ReadonlyArray<string>
+  /**
+   * Creates the rows of `names` that do not exist and locks them all until the transaction ends,
+   * in the order given; the last statement returns `name, state, version, now` for each row, with
+   * `now` read from the database's clock (milliseconds) once the locks are held.
+   */
+  readonly lockRows: (names: ReadonlyArray<string>) => ReadonlyArray<Statement>
+  /** One row `now, state, version` for `name`, without a lock (state null when there is no row). */
+  readonly readRow: (name: string) => Statement
+  /** Overwrites locked rows; `wake`: the payloads to notify on commit (PostgreSQL only). */
+  readonly writeRows: (rows: ReadonlyArray<RowWrite>, wake: ReadonlyArray<string>) => Statement
+  /** `holder, expires_at` of the ended holders `ids` of `name` that are remembered. */
+  readonly readEnded: (name: string, ids: ReadonlyArray<string>) => Statement
+  /** Remembers ended holders of `name` until the times given. */
+  readonly writeEnded: (name: string, ended: ReadonlyArray<readonly [string, number]>) => Statement
+  /** Deletes rows (and remembered holders) whose `expires_at` has passed on the database's clock. */
+  readonly sweep: ReadonlyArray<Statement>
+  /** `name, version` of the rows of `names` that exist. */
+  readonly versions: (names: ReadonlyArray<string>) => Statement
+  /** Whether a failed transaction may simply be run again (a lost insert race, a deadlock). */
+  readonly retryable: (cause: unknown) => boolean
+}
+
+export interface Table {
+  /** Schema (PostgreSQL), database (MySQL) or attached database (SQLite); absent: the default. */
+  readonly schema: string | undefined
+  readonly table: string
+}
+
+const identifier = /^[A-Za-z_][A-Za-z0-9_]*$/
+
+/** Why `name` cannot name a table or schema, if it cannot. */
+export const invalidIdentifier = (name: string): string | undefined =>
+  identifier.test(name) && name.length <= 57
+    ? undefined
+    : "must be 1 to 57 letters, digits or underscores, not starting with a digit"
+
+const quoteWith = (quote: string) => (name: string) => `${quote}${name}${quote}`
+
+const qualified = (table: Table, quote: (name: string) => string): string =>
+  table.schema === undefined ? quote(table.table) : `${quote(table.schema)}.${quote(table.table)}`
+
+/** The table of ended holders beside `table`. */
+const endedTable = (table: Table): Table => ({ ...table, table: `${table.table}_ended` })
+
+const endedParams = (name: string, ended: ReadonlyArray<readonly [string, number]>): ReadonlyArray<unknown> =>
+  ended.flatMap(([holder, until]) => [name, holder, until])
+
+/** A code carried by a driver's error (`pg`: SQLSTATE in `code`; mysql2: `errno`; better-sqlite3: `code`). */
+const causeOf = (cause: unknown): Record<string, unknown> => {
+  const inner = typeof cause === "object" && cause !== null && "cause" in cause ? cause.cause : cause
+  return typeof inner === "object" && inner !== null ? (inner as Record<string, unknown>) : {}
+}
+
+const placeholders = (count: number, from: number, dollar: boolean): string =>
+  Array.from({ length: count }, (_, i) => (dollar ? `$${from + i}` : "?")).join(", ")
+
+const rowsValues = (rows: ReadonlyArray<RowWrite>, dollar: boolean): string =>
+  rows.map((_, i) => `(${placeholders(4, i * 4 + 1, dollar)})`).join(", ")
+
+const rowsParams = (rows: ReadonlyArray<RowWrite>): ReadonlyArray<unknown> =>
+  rows.flatMap((row) => [row.name, row.state, row.expiresAt, row.version])
+
+/** Deletes what expired from both tables. */
+const sweepOf = (t: string, e: string, now: string): ReadonlyArray<Statement> => [
+  { sql: `DELETE FROM ${t} WHERE expires_at < ${now}`, params: [] },
+  { sql: `DELETE FROM ${e} WHERE expires_at < ${now}`, params: [] }
+]
+
+/** The reads MySQL and SQLite write alike, with `?` placeholders. */
+const questionMarkReads = (t: string, e: string, now: string): Pick<Dialect, "readRow" | "readEnded" | "versions"> => ({
+  readRow: (name) => ({ sql: `SELECT ${now} AS now, s.state, s.version FROM (SELECT 1) AS one LEFT JOIN ${t} AS s ON s.name = ?`, params: [name] }),
+  readEnded: (name, ids) => ({
+    sql: `SELECT holder, expires_at FROM ${e} WHERE name = ? AND holder IN (${placeholders(ids.length, 1, false)})`,
+    params: [name, ...ids]
+  }),
+  versions: (names) => ({ sql: `SELECT name, version FROM ${t} WHERE name IN (${placeholders(names.length, 1, false)})`, params: names })
+})
+
+const postgres = (table: Table): Dialect => {
+  const quote = quoteWith("\"")
+  const t = qualified(table, quote)
+  const now = "(extract(epoch from clock_timestamp()) * 1000)::float8"
+  const channel = channelOf(table)
+  const e = qualified(endedTable(table), quote)
+  return {
+    name: "pg",
+    label: "PostgreSQL",
+    // one simple query: no round trip of its own
+    begin: (timeoutMs) =>
+      `BEGIN; SET LOCAL statement_timeout = ${Number.isFinite(timeoutMs) ? Math.max(1, Math.ceil(timeoutMs)) : 0}`,
+    createSchema: [
+      ...(table.schema === undefined ? [] : [`CREATE SCHEMA IF NOT EXISTS ${quote(table.schema)}`]),
+      `CREATE TABLE IF NOT EXISTS ${t} (name text PRIMARY KEY, state text NOT NULL, expires_at float8 NOT NULL, version float8 NOT NULL)`,
+      `CREATE INDEX IF NOT EXISTS ${quote(`${table.table}_expires_at`)} ON ${t} (expires_at)`,
+      `CREATE TABLE IF NOT EXISTS ${e} (name text NOT NULL, holder text NOT NULL, expires_at float8 NOT NULL, PRIMARY KEY (name, holder))`,
+      `CREATE INDEX IF NOT EXISTS ${quote(`${table.table}_ended_expires_at`)} ON ${e} (expires_at)`
+    ],
+    // one statement creates, locks and reads: the upsert takes each row's lock (waiting for a
+    // holder of it), and RETURNING reads the clock after that
+    lockRows: (names) => [{
+      sql: `INSERT INTO ${t} AS t (name, state, expires_at, version) SELECT n, '', 0, 0 FROM unnest($1::text[]) AS n ` +
+        `ON CONFLICT (name) DO UPDATE SET version = t.version RETURNING name, state, version, ${now} AS now`,
+      params: [names]
+    }],
+    readRow: (name) => ({ sql: `SELECT ${now} AS now, s.state, s.version FROM (SELECT 1) AS one LEFT JOIN ${t} AS s ON s.name = $1`, params: [name] }),
+    writeRows: (rows, wake) => {
+      const write = `INSERT INTO ${t} AS t (name, state, expires_at, version) VALUES ${rowsValues(rows, true)} ` +
+        "ON CONFLICT (name) DO UPDATE SET state = EXCLUDED.state, expires_at = EXCLUDED.expires_at, version = EXCLUDED.version"
+      if (wake.length === 0) return { sql: write, params: rowsParams(rows) }
+      const n = rows.length * 4
+      // NOTIFY is delivered on commit, to every listening backend (this one included)
+      return {
+        sql: `WITH written AS (${write} RETURNING 1) SELECT pg_notify($${n + 1}, w) FROM unnest($${n + 2}::text[]) AS w`,
+        params: [...rowsParams(rows), channel, wake]
+      }
+    },
+    readEnded: (name, ids) => ({
+      sql: `SELECT holder, expires_at FROM ${e} WHERE name = $1 AND holder = ANY($2::text[])`,
+      params: [name, ids]
+    }),
+    writeEnded: (name, ended) => ({
+      sql: `INSERT INTO ${e} (name, holder, expires_at) VALUES ${ended.map((_, i) => `(${placeholders(3, i * 3 + 1, true)})`).join(", ")} ` +
+        "ON CONFLICT (name, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at",
+      params: endedParams(name, ended)
+    }),
+    sweep: sweepOf(t, e, now),
+    versions: (names) => ({ sql: `SELECT name, version FROM ${t} WHERE name = ANY($1::text[])`, params: [names] }),
+    retryable: (cause) => {
+      const code = causeOf(cause)["code"]
+      // unique_violation (a row deleted and created again under us), deadlock, serialization
+      return code === "23505" || code === "40P01" || code === "40001"
+    }
+  }
+}
+
+const mysql = (table: Table): Dialect => {
+  const quote = quoteWith("`")
+  const t = qualified(table, quote)
+  const now = "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000 AS DOUBLE)"
+  const e = qualified(endedTable(table), quote)
+  return {
+    name: "mysql",
+    label: "MySQL",
+    // a session variable would cost a statement per transaction: a stalled statement ends at the
+    // server's innodb_lock_wait_timeout, while the call has failed at the command timeout already
+    begin: () => "BEGIN",
+    createSchema: [
+      // binary: keys compare byte for byte, as on every other backend (2816 bytes: with a holder id
+      // of up to 256, InnoDB's longest key, 3072)
+      `CREATE TABLE IF NOT EXISTS ${t} (name VARBINARY(2816) NOT NULL PRIMARY KEY, state MEDIUMTEXT NOT NULL, ` +
+      `expires_at DOUBLE NOT NULL, version DOUBLE NOT NULL, KEY ${quote(`${table.table}_expires_at`)} (expires_at)) ENGINE=InnoDB`,
+      `CREATE TABLE IF NOT EXISTS ${e} (name VARBINARY(2816) NOT NULL, holder VARBINARY(256) NOT NULL, ` +
+      `expires_at DOUBLE NOT NULL, PRIMARY KEY (name, holder), KEY ${quote(`${table.table}_ended_expires_at`)} (expires_at)) ENGINE=InnoDB`
+    ],
+    // the upsert takes each row's exclusive lock at once (an INSERT IGNORE would take a shared one,
+    // and two transactions upgrading theirs would deadlock); the locking read then sees the rows
+    lockRows: (names) => [
+      {
+        sql: `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${names.map(() => "(?, '', 0, 0)").join(", ")} ` +
+          "ON DUPLICATE KEY UPDATE version = version",
+        params: names
+      },
+      {
+        sql: `SELECT name, state, version, ${now} AS now FROM ${t} WHERE name IN (${placeholders(names.length, 1, false)}) FOR UPDATE`,
+        params: names
+      }
+    ],
+    // readEnded reads under the key's row lock, which every writer of those rows holds: the first
+    // plain read of the transaction, so its snapshot is taken after the lock
+    ...questionMarkReads(t, e, now),
+    writeRows: (rows) => ({
+      sql: `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${rowsValues(rows, false)} ` +
+        "ON DUPLICATE KEY UPDATE state = VALUES(state), expires_at = VALUES(expires_at), version = VALUES(version)",
+      params: rowsParams(rows)
+    }),
+    writeEnded: (name, ended) => ({
+      sql: `INSERT INTO ${e} (name, holder, expires_at) VALUES ${ended.map(() => "(?, ?, ?)").join(", ")} ` +
+        "ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)",
+      params: endedParams(name, ended)
+    }),
+    sweep: sweepOf(t, e, now),
+    retryable: (cause) => {
+      const errno = causeOf(cause)["errno"]
+      // ER_DUP_ENTRY, ER_LOCK_DEADLOCK
+      return errno === 1062 || errno === 1213
+    }
+  }
+}
+
+const sqlite = (table: Table): Dialect => {
+  const quote = quoteWith("\"")
+  const t = qualified(table, quote)
+  const now = "(unixepoch('subsec') * 1000.0)"
+  const e = qualified(endedTable(table), quote)
+  const index = (name: string, on: string) =>
+    `CREATE INDEX IF NOT EXISTS ${table.schema === undefined ? "" : `${quote(table.schema)}.`}${quote(name)} ON ${quote(on)} (expires_at)`
+  return {
+    name: "sqlite",
+    label: "SQLite",
+    // IMMEDIATE: take the write lock first, so that two processes never both read and then fail
+    // to upgrade (SQLITE_BUSY without waiting)
+    begin: () => "BEGIN IMMEDIATE",
+    createSchema: [
+      `CREATE TABLE IF NOT EXISTS ${t} (name TEXT PRIMARY KEY NOT NULL, state TEXT NOT NULL, expires_at REAL NOT NULL, version REAL NOT NULL)`,
+      index(`${table.table}_expires_at`, table.table),
+      `CREATE TABLE IF NOT EXISTS ${e} (name TEXT NOT NULL, holder TEXT NOT NULL, expires_at REAL NOT NULL, PRIMARY KEY (name, holder))`,
+      index(`${table.table}_ended_expires_at`, `${table.table}_ended`)
+    ],
+    lockRows: (names) => [{
+      sql: `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${names.map(() => "(?, '', 0, 0)").join(", ")} ` +
+        `ON CONFLICT (name) DO UPDATE SET version = version RETURNING name, state, version, ${now} AS now`,
+      params: names
+    }],
+    ...questionMarkReads(t, e, now),
+    writeRows: (rows) => ({
+      sql: `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${rowsValues(rows, false)} ` +
+        "ON CONFLICT (name) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at, version = excluded.version",
+      params: rowsParams(rows)
+    }),
+    writeEnded: (name, ended) => ({
+      sql: `INSERT INTO ${e} (name, holder, expires_at) VALUES ${ended.map(() => "(?, ?, ?)").join(", ")} ` +
+        "ON CONFLICT (name, holder) DO UPDATE SET expires_at = excluded.expires_at",
+      params: endedParams(name, ended)
+    }),
+    sweep: sweepOf(t, e, now),
+    // BEGIN IMMEDIATE found the write lock taken (it is taken without waiting: see sqlBackend.ts),
+    // after which nothing conflicts
+    retryable: (cause) => String(causeOf(cause)["code"] ?? "").startsWith("SQLITE_BUSY")
+  }
+}
+
+/** The PostgreSQL channel a table's wake-ups are notified on. */
+export const channelOf = (table: Table): string =>
+  `lockstep_${table.schema === undefined ? "" : `${table.schema}_`}${table.table}`.slice(0, 63)
+
+export const make = (name: DialectName, table: Table): Dialect =>
+  name === "pg" ? postgres(table) : name === "mysql" ? mysql(table) : sqlite(table)

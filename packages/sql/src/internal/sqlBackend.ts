@@ -1,0 +1,549 @@
+import { Deferred, Duration, Effect, Either, Exit, Fiber, Schedule, Scope, Stream } from "effect"
+import type * as LockBackend from "@lockstep/core/LockBackend"
+import { BackendError, InvalidLockOptions } from "@lockstep/core/LockError"
+import * as Rules from "@lockstep/core/Rules"
+import type { SqlClient } from "@effect/sql/SqlClient"
+import type { Connection } from "@effect/sql/SqlConnection"
+import * as Dialect from "./dialect.js"
+import { decode, type Document, emptyDocument, encode, expiresAt } from "./document.js"
+
+export interface Tuning {
+  readonly commandTimeout?: Duration.DurationInput | undefined
+  readonly renewBatchSize?: number | undefined
+  readonly pollInterval?: Duration.DurationInput | undefined
+  readonly sweepInterval?: Duration.DurationInput | undefined
+}
+
+export interface Settings extends Tuning {
+  readonly schema?: string | undefined
+  readonly table?: string | undefined
+  readonly createSchema?: boolean | undefined
+}
+
+/** The ended holders of `key` an operation asks about (`ids`) and may add to (see `Rules`). */
+interface Remembered {
+  readonly key: string
+  readonly ids: ReadonlyArray<string>
+}
+
+/** A row as a transaction found it. */
+interface Loaded {
+  readonly text: string
+  readonly document: Document
+  readonly version: number
+}
+
+const defaultTable = "lockstep_locks"
+
+const asNumber = (value: unknown): number => (typeof value === "number" ? value : Number(value))
+
+/** `name` as the driver returns it: MySQL's binary column arrives as a Buffer. */
+const asName = (value: unknown): string =>
+  typeof value === "string" ? value : value instanceof Uint8Array ? Buffer.from(value).toString("utf8") : String(value)
+
+const lockPayload = (key: string) => `l:${key}`
+const latchPayload = (key: string) => `c:${key}`
+
+/** Whether the change from `before` to `after` may let a waiter of the lock in. */
+const freesLock = (before: Rules.Key, after: Rules.Key): boolean => {
+  for (const hold of before.holders) {
+    const now = after.holders.find((h) => h.holder === hold.holder)
+    if (now === undefined) return true
+    if ((hold.exclusive > 0 && now.exclusive === 0) || (hold.shared > 0 && now.shared === 0)) return true
+  }
+  return before.queue[0]?.holder !== after.queue[0]?.holder && after.queue.length > 0
+}
+
+/** Whether a latch's waiters are to be woken: it reached 0, or was set anew. */
+const wakesLatch = (before: Rules.Latch | undefined, after: Rules.Latch | undefined): boolean => {
+  const was = before?.count ?? 0
+  const is = after?.count ?? 0
+  return (was > 0 && is === 0) || (was === 0 && is > 0)
+}
+
+/** A waiter's subscription: woken at once if a wake-up arrived since the last `await`. */
+interface Waiter {
+  pending: boolean
+  readonly resumers: Set<() => void>
+}
+
+export const make = (
+  sql: SqlClient,
+  settings: Settings | undefined
+): Effect.Effect<LockBackend.Service, BackendError | InvalidLockOptions, Scope.Scope> =>
+  Effect.gen(function*() {
+    const { dialect, table } = yield* resolve(sql, settings)
+    const name = dialect.name
+    const clientId = crypto.randomUUID()
+    const commandTimeout = Duration.decode(settings?.commandTimeout ?? Duration.seconds(5))
+    const renewBatchSize = Math.max(1, settings?.renewBatchSize ?? 500)
+    const pollInterval = Duration.decode(settings?.pollInterval ?? (name === "sqlite" ? Duration.millis(10) : Duration.millis(25)))
+    const sweepInterval = Duration.decode(settings?.sweepInterval ?? Duration.minutes(1))
+
+    const failure = (operation: string) => (cause: unknown) =>
+      new BackendError({
+        operation,
+        cause,
+        endpoint: dialect.label,
+        detail: describe(cause)
+      })
+
+    const execute = (connection: Connection, statement: Dialect.Statement) =>
+      connection.execute(statement.sql, statement.params, undefined) as Effect.Effect<
+        ReadonlyArray<Record<string, unknown>>,
+        unknown
+      >
+
+    /**
+     * `effect` bounded by the command timeout, in a fiber of its own: the timeout stops it even
+     * where the caller cannot be interrupted (an acquisition in flight ends with an answer or a
+     * `BackendError`, never cut off after its commit), and a caller that can be interrupted stops
+     * it too.
+     */
+    const bounded = <A>(operation: string, effect: Effect.Effect<A, unknown>): Effect.Effect<A, BackendError> =>
+      Effect.uninterruptibleMask((restore) =>
+        Effect.flatMap(
+          // a daemon: a child fiber would be interrupted with the caller, also where it cannot be
+          Effect.forkDaemon(
+            Effect.interruptible(effect).pipe(Effect.timeoutFail({ duration: commandTimeout, onTimeout: () => timedOut }))
+          ),
+          (fiber) => restore(Fiber.join(fiber)).pipe(Effect.onInterrupt(() => Fiber.interrupt(fiber)))
+        )
+      ).pipe(Effect.mapError(failure(operation)))
+
+    /**
+     * A connection from the pool, given back when `scope` closes. The drivers cannot withdraw a
+     * request from their pool (a connection that arrives for an interrupted request would never go
+     * back): the request runs to its end in a fiber of its own while the caller may stop waiting,
+     * and a connection that arrives after `scope` closed goes back at once.
+     */
+    const reserveIn = (scope: Scope.Scope): Effect.Effect<Connection, unknown> =>
+      Effect.flatMap(Effect.forkDaemon(Effect.uninterruptible(Scope.extend(sql.reserve, scope))), Fiber.join)
+
+    /** A statement outside any transaction, bounded like every call. */
+    const run = (operation: string, statement: Dialect.Statement) =>
+      bounded(operation, Effect.scoped(Effect.flatMap(Effect.flatMap(Effect.scope, reserveIn), (connection) => execute(connection, statement))))
+
+    // ---- wake-ups ---------------------------------------------------------------------------
+    const waiters = new Map<string, Set<Waiter>>()
+    /** Versions of rows as this backend last saw them, for the poller (MySQL, SQLite). */
+    const known = new Map<string, number>()
+    let polling = false
+
+    const signal = (payload: string): void => {
+      const set = waiters.get(payload)
+      if (set === undefined) return
+      for (const waiter of set) {
+        if (waiter.resumers.size === 0) {
+          waiter.pending = true
+          continue
+        }
+        const resumers = [...waiter.resumers]
+        waiter.resumers.clear()
+        for (const resume of resumers) resume()
+      }
+    }
+
+    /** The keys someone here waits on. */
+    const watched = (): Array<string> => {
+      const names = new Set<string>()
+      for (const payload of waiters.keys()) names.add(payload.slice(2))
+      return [...names]
+    }
+
+    // Without LISTEN/NOTIFY, other processes' changes are found by reading the versions of the
+    // rows somebody here waits on: one query per interval for all of them, only while some wait.
+    const poll: Effect.Effect<void> = Effect.gen(function*() {
+      while (true) {
+        yield* Effect.sleep(pollInterval)
+        const names = watched()
+        if (names.length === 0) {
+          polling = false
+          return
+        }
+        for (let i = 0; i < names.length; i += 500) {
+          const chunk = names.slice(i, i + 500)
+          const rows = yield* Effect.either(run("poll", dialect.versions(chunk)))
+          if (Either.isLeft(rows)) continue
+          const seen = new Map(rows.right.map((row) => [asName(row["name"]), asNumber(row["version"])]))
+          for (const key of chunk) {
+            const version = seen.get(key) ?? 0
+            const before = known.get(key)
+            known.set(key, version)
+            if (before !== undefined && before !== version) {
+              signal(lockPayload(key))
+              signal(latchPayload(key))
+            }
+          }
+        }
+      }
+    })
+    const scope = yield* Effect.scope
+    const startPolling = (): Effect.Effect<void> =>
+      polling || dialect.name === "pg" ? Effect.void : Effect.suspend(() => {
+        polling = true
+        return Effect.asVoid(Effect.forkIn(poll, scope))
+      })
+
+    const subscribeTo = (payload: string, key: string): Effect.Effect<LockBackend.Subscription, never, Scope.Scope> =>
+      Effect.acquireRelease(
+        Effect.suspend(() => {
+          const waiter: Waiter = { pending: false, resumers: new Set() }
+          let set = waiters.get(payload)
+          if (set === undefined) {
+            set = new Set()
+            waiters.set(payload, set)
+          }
+          set.add(waiter)
+          return Effect.as(startPolling(), waiter)
+        }),
+        (waiter) =>
+          Effect.sync(() => {
+            const set = waiters.get(payload)
+            set?.delete(waiter)
+            if (set !== undefined && set.size === 0) {
+              waiters.delete(payload)
+              if (!waiters.has(lockPayload(key)) && !waiters.has(latchPayload(key))) known.delete(key)
+            }
+          })
+      ).pipe(Effect.map((waiter) => ({
+        await: Effect.async<void>((resume) => {
+          if (waiter.pending) {
+            waiter.pending = false
+            resume(Effect.void)
+            return
+          }
+          const resumer = () => resume(Effect.void)
+          waiter.resumers.add(resumer)
+          return Effect.sync(() => waiter.resumers.delete(resumer))
+        })
+      })))
+
+    // ---- transactions -----------------------------------------------------------------------
+    // better-sqlite3 waits for SQLite's write lock synchronously, blocking the event loop, and a
+    // transaction of this same process that holds the lock could then never finish: the write
+    // lock is taken without waiting, and the wait happens here, between tries
+    const busyTimeout = name === "sqlite" ? yield* sqliteBusyTimeout(sql) : undefined
+    const begin = (connection: Connection): Effect.Effect<unknown, unknown> => {
+      const start = connection.executeUnprepared(dialect.begin(Duration.toMillis(commandTimeout)), [], undefined)
+      if (busyTimeout === undefined) return start
+      const setBusyTimeout = (ms: number) => connection.executeUnprepared(`PRAGMA busy_timeout = ${ms}`, [], undefined)
+      return Effect.zipRight(setBusyTimeout(0), start).pipe(Effect.ensuring(Effect.ignore(setBusyTimeout(busyTimeout))))
+    }
+
+    /**
+     * Runs `body` in a transaction on a connection of its own, bounded by the command timeout, and
+     * runs it again after a failure the database says may simply be retried.
+     */
+    const inTransaction = <A>(
+      operation: string,
+      body: (connection: Connection) => Effect.Effect<A, unknown>
+    ): Effect.Effect<A, BackendError> => {
+      const attempt = Effect.uninterruptibleMask((restore) =>
+        Effect.gen(function*() {
+          const txScope = yield* Scope.make()
+          const connection = yield* restore(reserveIn(txScope)).pipe(
+            Effect.onError(() => Scope.close(txScope, Exit.void))
+          )
+          const outcome = yield* Effect.exit(restore(
+            Effect.gen(function*() {
+              yield* begin(connection)
+              const result = yield* body(connection)
+              yield* connection.executeUnprepared("COMMIT", [], undefined)
+              return result
+            })
+          ))
+          if (Exit.isSuccess(outcome)) {
+            yield* Scope.close(txScope, Exit.void)
+            return outcome.value
+          }
+          // roll back in the background: a call that timed out returns at once, and the connection
+          // goes back to the pool only after the rollback, which waits for a statement still running
+          yield* Effect.forkDaemon(
+            connection.executeUnprepared("ROLLBACK", [], undefined).pipe(
+              Effect.ignore,
+              Effect.ensuring(Scope.close(txScope, Exit.void))
+            )
+          )
+          return yield* outcome
+        })
+      )
+      return bounded(operation, Effect.retry(attempt, { schedule: retrySchedule, while: (cause) => dialect.retryable(cause) }))
+    }
+
+    /**
+     * Runs `decide` on the rows of `keys` in one transaction that holds their row locks, with the
+     * database's clock; writes the rows it changed and wakes the waiters the change may let in.
+     */
+    const transact = <A>(
+      operation: string,
+      keys: ReadonlyArray<string>,
+      decide: (state: Rules.State, now: number) => Rules.Step<A>,
+      remembered?: Remembered
+    ): Effect.Effect<A, BackendError> => {
+      // sorted: transactions over several rows lock them in one order
+      const names = [...new Set(keys)].sort()
+      // what the last try of the transaction changed, for after its commit
+      let wake: Array<string> = []
+      let versions: Array<readonly [string, number]> = []
+      return inTransaction(operation, (connection) =>
+        Effect.gen(function*() {
+          let rows: ReadonlyArray<Record<string, unknown>> = []
+          for (const statement of dialect.lockRows(names)) rows = yield* execute(connection, statement)
+          const loaded = new Map<string, Loaded>()
+          let now = 0
+          for (const row of rows) {
+            const text = row["state"] === null || row["state"] === undefined ? "" : String(row["state"])
+            loaded.set(asName(row["name"]), { text, document: decode(text), version: asNumber(row["version"]) })
+            now = asNumber(row["now"])
+          }
+          // the ended holders the rules may ask about: rows of their own, read under the key's lock
+          const ended = new Map<string, number>()
+          if (remembered !== undefined && remembered.ids.length > 0) {
+            for (const row of yield* execute(connection, dialect.readEnded(remembered.key, remembered.ids))) {
+              ended.set(asName(row["holder"]), asNumber(row["expires_at"]))
+            }
+          }
+          const decision = decide(stateOf(names, loaded, remembered?.key, ended), now)
+          const writes: Array<Dialect.RowWrite> = []
+          wake = []
+          for (const key of names) {
+            const old = loaded.get(key)
+            const document: Document = {
+              key: decision.state.keys.get(key) ?? Rules.emptyKey,
+              latch: decision.state.latches.get(key)
+            }
+            const text = encode(document)
+            if (old !== undefined && text === old.text) continue
+            const previous = old?.document ?? emptyDocument
+            const woken = [
+              ...(freesLock(previous.key, document.key) ? [lockPayload(key)] : []),
+              ...(wakesLatch(previous.latch, document.latch) ? [latchPayload(key)] : [])
+            ]
+            const version = old?.version ?? 0
+            writes.push({
+              name: key,
+              state: text,
+              expiresAt: expiresAt(document),
+              // never back to a value a poller saw before the row was deleted and made again
+              version: woken.length > 0 ? Math.max(version + 1, Math.floor(now * 1000)) : version
+            })
+            wake.push(...woken)
+          }
+          if (writes.length > 0) {
+            yield* execute(connection, dialect.writeRows(writes, wake.map((payload) => `${clientId}|${payload}`)))
+          }
+          if (remembered !== undefined) {
+            const after = decision.state.keys.get(remembered.key)?.ended ?? new Map<string, number>()
+            const remember = [...after].filter(([id, until]) => ended.get(id) !== until)
+            if (remember.length > 0) yield* execute(connection, dialect.writeEnded(remembered.key, remember))
+          }
+          versions = names.map((key) => [key, writes.find((w) => w.name === key)?.version ?? loaded.get(key)?.version ?? 0])
+          return decision.result
+        })).pipe(
+          // after the commit: the waiters here learn of the change at once
+          Effect.tap(() =>
+            Effect.sync(() => {
+              for (const [key, version] of versions) known.set(key, version)
+              wake.forEach(signal)
+            })
+          )
+        )
+    }
+
+    /** A read of one row without a lock: `inspect` and `latchCount` change nothing. */
+    const read = <A>(operation: string, key: string, f: (state: Rules.State, now: number) => A): Effect.Effect<A, BackendError> =>
+      Effect.map(run(operation, dialect.readRow(key)), (rows) => {
+        const row = rows[0] ?? {}
+        const text = row["state"] === null || row["state"] === undefined ? "" : String(row["state"])
+        return f(stateOf([key], new Map([[key, { text, document: decode(text), version: 0 }]])), asNumber(row["now"]))
+      })
+
+    const service: LockBackend.Service = {
+      clientId,
+      acquire: (request) =>
+        Effect.flatten(
+          transact("acquire", [request.key], (state, now) => Rules.acquire(state, request, now), endedOf(request.key, request.holder))
+        ),
+      release: (request) =>
+        Effect.flatten(
+          transact("release", [request.key], (state, now) => Rules.release(state, request, now), endedOf(request.key, request.holder))
+        ),
+      renew: (requests) =>
+        Effect.map(
+          Effect.forEach(chunks(requests, renewBatchSize), (batch) =>
+            transact("renew", batch.map((r) => r.key), (state, now) => Rules.renew(state, batch, now))),
+          (results) => results.flat()
+        ),
+      inspect: (key) => read("inspect", key, (state, now) => Rules.inspect(state, key, now).result),
+      raiseFence: (request) => transact("raiseFence", [request.key], (state, now) => Rules.raiseFence(state, request, now)),
+      forceRelease: (request) =>
+        transact("forceRelease", [request.key], (state, now) => Rules.forceRelease(state, request, now), {
+          key: request.key,
+          ids: Rules.forceReleaseIds(request)
+        }),
+      cancel: (request) =>
+        transact("cancel", [request.key], (state, now) => Rules.cancel(state, request, now), { key: request.key, ids: [] }),
+      subscribe: (key) => subscribeTo(lockPayload(key), key),
+      latchSetCount: (request) =>
+        Effect.flatten(transact("latchSetCount", [request.key], (state, now) => (Rules.latchSetCount(state, request, now)))),
+      latchCountDown: (request) =>
+        Effect.flatten(
+          transact("latchCountDown", [request.key], (state, now) => (Rules.latchCountDown(state, request, now)))
+        ),
+      latchCount: (key) => Effect.flatten(read("latchCount", key, (state, now) => Rules.latchCount(state, key, now).result)),
+      latchSubscribe: (key) => subscribeTo(latchPayload(key), key)
+    }
+
+    // ---- schema, sweeping, notifications ----------------------------------------------------
+    if (settings?.createSchema !== false) yield* createSchema(sql, dialect)
+
+    yield* Effect.forkScoped(
+      Effect.ignore(inTransaction("sweep", (connection) => Effect.forEach(dialect.sweep, (statement) => execute(connection, statement)))).pipe(Effect.repeat(Schedule.spaced(sweepInterval)), Effect.interruptible)
+    )
+
+    if (dialect.name === "pg") yield* listen(sql, table, clientId, signal, failure("listen"))
+
+    return service
+  })
+
+const timedOut = "no answer within the command timeout"
+
+/** Between tries of a transaction the database refused for now: 2 ms, doubling up to 25 ms, jittered. */
+const retrySchedule = Schedule.exponential(Duration.millis(2)).pipe(
+  Schedule.union(Schedule.spaced(Duration.millis(25))),
+  Schedule.jittered
+)
+
+/** The SQLite connection's own busy timeout, to put back after each transaction has begun. */
+const sqliteBusyTimeout = (sql: SqlClient): Effect.Effect<number, BackendError> =>
+  Effect.scoped(Effect.flatMap(sql.reserve, (connection) => connection.executeUnprepared("PRAGMA busy_timeout", [], undefined))).pipe(
+    Effect.map((rows) => {
+      const row = (rows as ReadonlyArray<Record<string, unknown>>)[0] ?? {}
+      return asNumber(row["timeout"] ?? row["busy_timeout"] ?? 0)
+    }),
+    Effect.mapError((cause) => new BackendError({ operation: "connect", cause, endpoint: "SQLite", detail: describe(cause) }))
+  )
+
+/** The client's dialect and the table, once both are known to be valid. */
+const resolve = (
+  sql: SqlClient,
+  settings: Pick<Settings, "schema" | "table"> | undefined
+): Effect.Effect<{ readonly dialect: Dialect.Dialect; readonly table: Dialect.Table }, InvalidLockOptions> =>
+  Effect.suspend(() => {
+    const name = sql.onDialectOrElse<Dialect.DialectName | undefined, Dialect.DialectName, Dialect.DialectName, Dialect.DialectName>({
+      orElse: () => undefined,
+      pg: () => "pg",
+      mysql: () => "mysql",
+      sqlite: () => "sqlite"
+    })
+    if (name === undefined) {
+      return Effect.fail(new InvalidLockOptions({ field: "client", reason: "the SQL client must be PostgreSQL, MySQL/MariaDB or SQLite" }))
+    }
+    const table: Dialect.Table = { schema: settings?.schema, table: settings?.table ?? defaultTable }
+    for (const [field, value] of [["schema", table.schema], ["table", table.table]] as const) {
+      const reason = value === undefined ? undefined : Dialect.invalidIdentifier(value)
+      if (reason !== undefined) return Effect.fail(new InvalidLockOptions({ field, reason }))
+    }
+    return Effect.succeed({ dialect: Dialect.make(name, table), table })
+  })
+
+/** Creates the table if absent; two processes doing it at once is no failure for the loser. */
+const createSchema = (sql: SqlClient, dialect: Dialect.Dialect): Effect.Effect<void, BackendError> => {
+  const run = (statement: string) =>
+    Effect.scoped(Effect.flatMap(sql.reserve, (connection) => connection.execute(statement, [], undefined)))
+  const exists = run(dialect.versions(["-"]).sql.replace(/\$1::text\[\]/, "ARRAY['-']").replace("(?)", "('-')"))
+  return Effect.forEach(dialect.createSchema, (statement) =>
+    run(statement).pipe(Effect.catchAll((error) => Effect.orElse(exists, () => Effect.fail(error)))), { discard: true }).pipe(
+      Effect.mapError((cause) => new BackendError({ operation: "createSchema", cause, endpoint: dialect.label, detail: describe(cause) }))
+    )
+}
+
+/** `SqlBackend.migrate`: the table, without a backend. */
+export const migrate = (
+  sql: SqlClient,
+  settings: Pick<Settings, "schema" | "table"> | undefined
+): Effect.Effect<void, BackendError | InvalidLockOptions> =>
+  Effect.flatMap(resolve(sql, settings), ({ dialect }) => createSchema(sql, dialect))
+
+/** Acquire and release ask whether the holder ended, and whether it ended without holding. */
+const endedOf = (key: string, holder: string): Remembered => ({ key, ids: [holder, Rules.endedUnheld(holder)] })
+
+const stateOf = (
+  names: ReadonlyArray<string>,
+  loaded: ReadonlyMap<string, Loaded>,
+  endedKey?: string,
+  ended?: ReadonlyMap<string, number>
+): Rules.State => ({
+  keys: new Map(names.map((key) => {
+    const state = (loaded.get(key)?.document ?? emptyDocument).key
+    return [key, key === endedKey && ended !== undefined ? { ...state, ended } : state]
+  })),
+  latches: new Map(
+    names.flatMap((key) => {
+      const latch = loaded.get(key)?.document.latch
+      return latch === undefined ? [] : [[key, latch] as const]
+    })
+  )
+})
+
+const chunks = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A>> => {
+  const out: Array<ReadonlyArray<A>> = []
+  for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size))
+  return out
+}
+
+/** The driver's own message, on one line, without the SQL text. */
+const describe = (cause: unknown): string => {
+  if (typeof cause === "string") return cause
+  const inner = typeof cause === "object" && cause !== null && "cause" in cause ? cause.cause : undefined
+  if (inner instanceof Error && inner.message !== "") return inner.message
+  return cause instanceof Error ? cause.message : String(cause)
+}
+
+/** The client's LISTEN, where it has one (`@effect/sql-pg`). */
+interface Listening {
+  readonly listen: (channel: string) => Stream.Stream<string, unknown>
+}
+
+const canListen = (sql: SqlClient): sql is SqlClient & Listening =>
+  "listen" in sql && typeof (sql as { readonly listen?: unknown }).listen === "function"
+
+/**
+ * Wakes this backend's waiters on every other backend's notifications (its own woke them at
+ * commit). Ready only once a notification of its own has come back: a waiter subscribing after
+ * that never misses a release.
+ */
+const listen = (
+  sql: SqlClient,
+  table: Dialect.Table,
+  clientId: string,
+  signal: (payload: string) => void,
+  failure: (cause: unknown) => BackendError
+): Effect.Effect<void, BackendError, Scope.Scope> =>
+  Effect.gen(function*() {
+    if (!canListen(sql)) return yield* failure("the PostgreSQL client has no LISTEN (use @effect/sql-pg)")
+    const channel = Dialect.channelOf(table)
+    const ready = yield* Deferred.make<void>()
+    const own = `${clientId}|`
+    yield* Effect.forkScoped(
+      Stream.runForEach(sql.listen(channel), (message) =>
+        Effect.sync(() => {
+          if (message === `${own}ready`) {
+            Deferred.unsafeDone(ready, Exit.void)
+            return
+          }
+          if (!message.startsWith(own)) signal(message.slice(message.indexOf("|") + 1))
+        })).pipe(
+          Effect.retry(Schedule.spaced(Duration.seconds(1))),
+          Effect.interruptible
+        )
+    )
+    const ping = Effect.scoped(Effect.flatMap(sql.reserve, (connection) =>
+      connection.execute("SELECT pg_notify($1, $2)", [channel, `${own}ready`], undefined)))
+    yield* ping.pipe(
+      Effect.zipRight(Deferred.await(ready).pipe(Effect.timeout(Duration.millis(200)))),
+      Effect.retry({ times: 25 }),
+      Effect.mapError(failure)
+    )
+  })

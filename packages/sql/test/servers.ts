@@ -1,0 +1,133 @@
+/**
+ * Database servers of a test's own, for fault tests that restart or stop them: a PostgreSQL
+ * cluster (`initdb` / `pg_ctl`) or a MariaDB server (`mariadb-install-db` / `mariadbd`) in a
+ * temporary data directory, listening on a free loopback port, removed with the scope. Never the
+ * machine's shared services.
+ */
+import { execFile, spawn } from "node:child_process"
+import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
+import { createServer } from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { Effect } from "effect"
+import type { Scope } from "effect"
+
+export interface OwnServer {
+  readonly kind: "pg" | "mysql"
+  /** The URL of database `lockstep` on this server. */
+  readonly url: string
+  /** Stops the server cleanly and starts it again on the same port and data. */
+  readonly restart: Effect.Effect<void>
+}
+
+const postgresBin = (() => {
+  const root = "/usr/lib/postgresql"
+  const version = existsSync(root) ? readdirSync(root).sort().at(-1) : undefined
+  return version === undefined ? undefined : join(root, version, "bin")
+})()
+
+/** Whether this machine can start servers of its own (the binaries are installed). */
+export const ownServersAvailable: boolean = postgresBin !== undefined && existsSync("/usr/sbin/mariadbd")
+
+const isRoot = process.getuid?.() === 0
+
+const run = (command: string, args: ReadonlyArray<string>, asPostgres = false): Effect.Effect<string> =>
+  Effect.async<string>((resume) => {
+    const [file, argv] = asPostgres && isRoot ? ["runuser", ["-u", "postgres", "--", command, ...args]] : [command, args]
+    execFile(file, argv, { timeout: 60_000 }, (error, stdout, stderr) => {
+      resume(error === null ? Effect.succeed(stdout) : Effect.die(new Error(`${command} failed: ${error.message}\n${stderr}`)))
+    })
+  })
+
+const freePort: Effect.Effect<number> = Effect.async<number>((resume) => {
+  const server = createServer()
+  server.listen(0, "127.0.0.1", () => {
+    const address = server.address()
+    const port = typeof address === "object" && address !== null ? address.port : 0
+    server.close(() => resume(Effect.succeed(port)))
+  })
+})
+
+const temporaryDirectory = (prefix: string, owner?: "postgres"): Effect.Effect<string, never, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.sync(() => {
+      const dir = mkdtempSync(join(tmpdir(), prefix))
+      if (owner !== undefined && isRoot) {
+        const ids = /^postgres:[^:]*:(\d+):(\d+):/m.exec(readFileSync("/etc/passwd", "utf8"))
+        if (ids !== null) chownSync(dir, Number(ids[1]), Number(ids[2]))
+      }
+      return dir
+    }),
+    (dir) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
+  )
+
+/** Retries `check` every 100 ms until it succeeds, for at most `seconds`. */
+const until = (check: Effect.Effect<unknown>, seconds: number): Effect.Effect<void> =>
+  Effect.gen(function*() {
+    const deadline = Date.now() + seconds * 1_000
+    while (true) {
+      const ok = yield* Effect.exit(check)
+      if (ok._tag === "Success") return
+      if (Date.now() > deadline) return yield* Effect.die(new Error("server did not become ready"))
+      yield* Effect.sleep("100 millis")
+    }
+  })
+
+/** A PostgreSQL cluster of the test's own, with database `lockstep`. */
+export const ownPostgres: Effect.Effect<OwnServer, never, Scope.Scope> = Effect.gen(function*() {
+  const bin = postgresBin!
+  const dir = yield* temporaryDirectory("lockstep-pg-", "postgres")
+  const port = yield* freePort
+  const data = join(dir, "data")
+  yield* run(join(bin, "initdb"), ["-D", data, "-A", "trust", "-U", "postgres", "--no-sync"], true)
+  const options = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off`
+  const ctl = (...args: ReadonlyArray<string>) => run(join(bin, "pg_ctl"), ["-D", data, "-w", ...args], true)
+  // with its log in a file: a server that inherits pg_ctl's output keeps the pipe open
+  const log = ["-o", options, "-l", join(dir, "log")]
+  yield* Effect.acquireRelease(ctl(...log, "start"), () => Effect.ignore(ctl("-m", "immediate", "stop")))
+  yield* run(join(bin, "psql"), ["-h", "127.0.0.1", "-p", String(port), "-U", "postgres", "-c", "CREATE DATABASE lockstep"])
+  return {
+    kind: "pg" as const,
+    url: `postgres://postgres@127.0.0.1:${port}/lockstep`,
+    restart: Effect.asVoid(ctl(...log, "-m", "fast", "restart"))
+  }
+})
+
+/** A MariaDB server of the test's own, with database `lockstep` (no grant tables: anyone may connect). */
+export const ownMariadb: Effect.Effect<OwnServer, never, Scope.Scope> = Effect.gen(function*() {
+  const dir = yield* temporaryDirectory("lockstep-mariadb-")
+  const port = yield* freePort
+  const data = join(dir, "data")
+  yield* run("mariadb-install-db", ["--no-defaults", `--datadir=${data}`, "--user=root", "--skip-test-db"])
+  const args = [
+    "--no-defaults",
+    `--datadir=${data}`,
+    `--port=${port}`,
+    "--bind-address=127.0.0.1",
+    `--socket=${join(dir, "mysqld.sock")}`,
+    `--pid-file=${join(dir, "mysqld.pid")}`,
+    "--user=root",
+    "--skip-grant-tables",
+    "--innodb-buffer-pool-size=32M",
+    "--innodb-log-file-size=16M"
+  ]
+  const ping = run("mysqladmin", ["-h", "127.0.0.1", "-P", String(port), "-uroot", "ping"])
+  const mariadbd = { current: undefined as ReturnType<typeof spawn> | undefined }
+  const start = Effect.gen(function*() {
+    mariadbd.current = spawn("/usr/sbin/mariadbd", args, { stdio: "ignore" })
+    yield* until(ping, 30)
+  })
+  const stop = Effect.async<void>((resume) => {
+    const child = mariadbd.current
+    if (child === undefined || child.exitCode !== null || child.signalCode !== null) return resume(Effect.void)
+    child.once("exit", () => resume(Effect.void))
+    child.kill("SIGTERM")
+  })
+  yield* Effect.acquireRelease(start, () => stop)
+  yield* run("mysql", ["-h", "127.0.0.1", "-P", String(port), "-uroot", "-e", "CREATE DATABASE lockstep"])
+  return {
+    kind: "mysql" as const,
+    url: `mysql://root@127.0.0.1:${port}/lockstep`,
+    restart: Effect.zipRight(stop, start)
+  }
+})
