@@ -1,3 +1,4 @@
+import type { Types } from "effect"
 import * as Rules from "@lockstep/core/Rules"
 
 /**
@@ -26,15 +27,7 @@ interface Encoded {
 
 export const encode = (document: Document): string => {
   const { key, latch } = document
-  const encoded: {
-    f: number
-    fu: number
-    lim?: number
-    h?: Array<readonly [string, number, number, number, number, number]>
-    q?: Array<readonly [string, number]>
-    lc?: number
-    la?: Array<readonly [string, number]>
-  } = { f: key.fence, fu: key.fenceUntil }
+  const encoded: Types.Mutable<Encoded> = { f: key.fence, fu: key.fenceUntil }
   if (key.limit !== undefined) encoded.lim = key.limit === Infinity ? -1 : key.limit
   if (key.holders.length > 0) {
     encoded.h = key.holders.map((h) => [h.holder, h.exclusive, h.shared, h.permits, h.fence, h.expiresAt] as const)

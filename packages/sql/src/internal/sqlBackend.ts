@@ -144,6 +144,9 @@ export const make = (
       }
     }
 
+    const isWatched = (key: string): boolean =>
+      dialect.name !== "pg" && (waiters.has(lockPayload(key)) || waiters.has(latchPayload(key)))
+
     /** The keys someone here waits on. */
     const watched = (): Array<string> => {
       const names = new Set<string>()
@@ -203,7 +206,7 @@ export const make = (
             set?.delete(waiter)
             if (set !== undefined && set.size === 0) {
               waiters.delete(payload)
-              if (!waiters.has(lockPayload(key)) && !waiters.has(latchPayload(key))) known.delete(key)
+              if (!isWatched(key)) known.delete(key)
             }
           })
       ).pipe(Effect.map((waiter) => ({
@@ -344,7 +347,9 @@ export const make = (
           // after the commit: the waiters here learn of the change at once
           Effect.tap(() =>
             Effect.sync(() => {
-              for (const [key, version] of versions) known.set(key, version)
+              // the poller's baseline, for the keys somebody here waits on (and no others: the map
+              // would keep every key this backend ever touched)
+              for (const [key, version] of versions) if (isWatched(key)) known.set(key, version)
               wake.forEach(signal)
             })
           )
@@ -398,9 +403,8 @@ export const make = (
     // ---- schema, sweeping, notifications ----------------------------------------------------
     if (settings?.createSchema !== false) yield* createSchema(sql, dialect)
 
-    yield* Effect.forkScoped(
-      Effect.ignore(inTransaction("sweep", (connection) => Effect.forEach(dialect.sweep, (statement) => execute(connection, statement)))).pipe(Effect.repeat(Schedule.spaced(sweepInterval)), Effect.interruptible)
-    )
+    const sweep = inTransaction("sweep", (connection) => Effect.forEach(dialect.sweep, (statement) => execute(connection, statement)))
+    yield* Effect.forkScoped(Effect.ignore(sweep).pipe(Effect.repeat(Schedule.spaced(sweepInterval)), Effect.interruptible))
 
     if (dialect.name === "pg") yield* listen(sql, table, clientId, signal, failure("listen"))
 
@@ -420,7 +424,7 @@ const sqliteBusyTimeout = (sql: SqlClient): Effect.Effect<number, BackendError> 
   Effect.scoped(Effect.flatMap(sql.reserve, (connection) => connection.executeUnprepared("PRAGMA busy_timeout", [], undefined))).pipe(
     Effect.map((rows) => {
       const row = (rows as ReadonlyArray<Record<string, unknown>>)[0] ?? {}
-      return asNumber(row["timeout"] ?? row["busy_timeout"] ?? 0)
+      return asNumber(row["timeout"] ?? 0)
     }),
     Effect.mapError((cause) => new BackendError({ operation: "connect", cause, endpoint: "SQLite", detail: describe(cause) }))
   )
@@ -448,16 +452,17 @@ const resolve = (
     return Effect.succeed({ dialect: Dialect.make(name, table), table })
   })
 
-/** Creates the table if absent; two processes doing it at once is no failure for the loser. */
-const createSchema = (sql: SqlClient, dialect: Dialect.Dialect): Effect.Effect<void, BackendError> => {
-  const run = (statement: string) =>
-    Effect.scoped(Effect.flatMap(sql.reserve, (connection) => connection.execute(statement, [], undefined)))
-  const exists = run(dialect.versions(["-"]).sql.replace(/\$1::text\[\]/, "ARRAY['-']").replace("(?)", "('-')"))
-  return Effect.forEach(dialect.createSchema, (statement) =>
-    run(statement).pipe(Effect.catchAll((error) => Effect.orElse(exists, () => Effect.fail(error)))), { discard: true }).pipe(
+/**
+ * Creates the tables if absent. Two processes doing it at once can make one `CREATE … IF NOT
+ * EXISTS` fail (PostgreSQL's catalog unique violation); run again, it finds the table there.
+ */
+const createSchema = (sql: SqlClient, dialect: Dialect.Dialect): Effect.Effect<void, BackendError> =>
+  Effect.forEach(dialect.createSchema, (statement) =>
+    Effect.scoped(Effect.flatMap(sql.reserve, (connection) => connection.execute(statement, [], undefined))).pipe(
+      Effect.retry({ times: 1 })
+    ), { discard: true }).pipe(
       Effect.mapError((cause) => new BackendError({ operation: "createSchema", cause, endpoint: dialect.label, detail: describe(cause) }))
     )
-}
 
 /** `SqlBackend.migrate`: the table, without a backend. */
 export const migrate = (
