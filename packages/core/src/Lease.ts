@@ -43,7 +43,37 @@ export interface Lease {
   /**
    * Fails with `LockLost` once the lease is gone (renewal reported it no longer held, or the local
    * deadline passed without a confirmed renewal); never completes while the lease is valid, nor
-   * after it was released normally. Re-entrant leases share the `lost` of their holder's hold.
+   * after it was released normally (check `state` for that). Re-entrant leases share the `lost` of
+   * their holder's hold.
    */
   readonly lost: Effect.Effect<never, LockLost>
+  /**
+   * Where the lease stands: `Held`, `Released` once its scope closed (`expiresIn` is then 0), or
+   * `Lost` (see `lost`).
+   */
+  readonly state: Effect.Effect<LeaseState>
 }
+
+/**
+ * Where a lease stands. `Released`: its scope closed and it was released (a re-entrant lease is
+ * released when its own scope closes, even while an outer lease of the same holder is held).
+ * `Lost`: the hold ended without a release (see `Lease.lost`).
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ * import type { Lease } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const lock = yield* Lock.make("orders:42")
+ *   const lease = yield* Effect.scoped(Lock.acquire(lock))
+ *   const state: Lease.LeaseState = yield* lease.state
+ *   console.log(state) // "Released"
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export type LeaseState = "Held" | "Released" | "Lost"

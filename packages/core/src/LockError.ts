@@ -55,11 +55,16 @@ export class LockLost extends Data.TaggedError("LockLost")<{
   readonly key: string
   readonly holder: string
   readonly reason: "NotHeld" | "DeadlinePassed"
+  /** The lease's fixed length, when it had one (`lease` option): such a lease is never renewed. */
+  readonly fixedLease?: Duration.Duration | undefined
 }> {
   override get message(): string {
-    return this.reason === "NotHeld"
-      ? `lease on "${this.key}" held by ${this.holder} was lost: the backend reports it is no longer held`
-      : `lease on "${this.key}" held by ${this.holder} was lost: its deadline passed without a confirmed renewal`
+    const lost = `lease on "${this.key}" held by ${this.holder} was lost`
+    if (this.reason === "NotHeld") return `${lost}: the backend reports it is no longer held`
+    if (this.fixedLease !== undefined) {
+      return `${lost}: its fixed lease of ${Duration.format(this.fixedLease)} ran out (a fixed lease is never renewed; use \`watchdog\` for one that is)`
+    }
+    return `${lost}: its deadline passed without a confirmed renewal`
   }
 }
 
@@ -210,6 +215,74 @@ export class BackendError extends Data.TaggedError("BackendError")<{
     return oneLine(`lock backend failed during ${this.operation}${where}: ${detail}`)
   }
 }
+
+/**
+ * The cause of a `BackendError` from a backend whose layer (or scope) has ended: the backend no
+ * longer takes calls, and a lock handle made under it must be made again under a live one.
+ *
+ * @example
+ * ```ts
+ * import { LockError } from "@lockstep/core"
+ *
+ * const error = LockError.backendClosed({ operation: "acquire", backend: "memory backend" })
+ * console.log(error.cause instanceof LockError.BackendClosed) // true
+ * console.log(error.message)
+ * // lock backend failed during acquire: the memory backend is closed (the layer or scope that made it has ended)
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export class BackendClosed extends Data.TaggedError("BackendClosed")<{
+  /** What was closed, e.g. `memory backend` or `Redis backend`. */
+  readonly backend: string
+}> {
+  override get message(): string {
+    return `the ${this.backend} is closed (the layer or scope that made it has ended)`
+  }
+}
+
+/**
+ * The `BackendError` every backend answers with once it is closed: its `cause` is a
+ * `BackendClosed`, so `isBackendClosed` tells it from an outage.
+ *
+ * @example
+ * ```ts
+ * import { LockError } from "@lockstep/core"
+ *
+ * const error = LockError.backendClosed({ operation: "renew", backend: "Redis backend", endpoint: "Redis 127.0.0.1:6379" })
+ * console.log(LockError.isBackendClosed(error)) // true
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const backendClosed = (options: {
+  readonly operation: string
+  readonly backend: string
+  readonly endpoint?: string | undefined
+}): BackendError =>
+  new BackendError({
+    operation: options.operation,
+    cause: new BackendClosed({ backend: options.backend }),
+    endpoint: options.endpoint
+  })
+
+/**
+ * Whether a `BackendError` says its backend was closed (rather than unreachable or failing).
+ *
+ * @example
+ * ```ts
+ * import { LockError } from "@lockstep/core"
+ *
+ * const outage = new LockError.BackendError({ operation: "acquire", cause: new Error("ECONNRESET") })
+ * console.log(LockError.isBackendClosed(outage)) // false
+ * ```
+ *
+ * @since 0.1.0
+ * @category guards
+ */
+export const isBackendClosed = (error: BackendError): boolean => error.cause instanceof BackendClosed
 
 /**
  * What one node of a quorum (`RedLock`) answered to an operation: `failed` carries the node's

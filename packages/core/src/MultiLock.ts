@@ -18,14 +18,14 @@
  *
  * @since 0.1.0
  */
-import type { Pipeable, Scope } from "effect"
+import type { Pipeable, Schedule, Scope } from "effect"
 import { Duration, Effect, Option } from "effect"
 import { dual } from "effect/Function"
 import { pipeArguments } from "effect/Pipeable"
-import type { Lease } from "./Lease.js"
+import type { Lease, LeaseState } from "./Lease.js"
 import type { Lock } from "./Lock.js"
 import { isBody, specOf } from "./Lock.js"
-import type { AcquireError, InvalidLockOptions, LockLost } from "./LockError.js"
+import type { AcquireError, BackendError, InvalidLockOptions, LockLost } from "./LockError.js"
 import * as handle from "./internal/handle.js"
 import type { LockSpec } from "./internal/lock.js"
 import * as internal from "./internal/multiLock.js"
@@ -90,6 +90,8 @@ export interface MultiLease {
   readonly expiresIn: Effect.Effect<Duration.Duration>
   /** Fails with the first part's `LockLost`; never completes while every part is held. */
   readonly lost: Effect.Effect<never, LockLost>
+  /** `Lost` if any part was lost, `Released` once every part was released, else `Held`. */
+  readonly state: Effect.Effect<LeaseState>
 }
 
 /**
@@ -108,6 +110,32 @@ export interface MultiLease {
 export interface AcquireOptions {
   /** How long to wait for all the parts before failing with `LockTimeout` (positive). Default: wait forever. */
   readonly timeout?: Duration.DurationInput | undefined
+  /**
+   * What to do when a backend call fails (`BackendError`) while taking a part: try that part again
+   * after each of this schedule's delays, within the `timeout`, as `Lock.acquire` does. Default:
+   * fail at the first one (releasing the parts taken).
+   */
+  readonly retry?: Schedule.Schedule<unknown, BackendError> | undefined
+}
+
+/**
+ * Options of an acquisition that gives up rather than wait: `tryAcquire`, `withLockIfAvailable`.
+ *
+ * @example
+ * ```ts
+ * import { MultiLock } from "@lockstep/core"
+ *
+ * const options: MultiLock.TryAcquireOptions = { wait: "200 millis" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface TryAcquireOptions {
+  /** Wait at most this long (positive) for all the parts, then give up with `None`. Default: one round, no wait. */
+  readonly wait?: Duration.DurationInput | undefined
+  /** As for `acquire`: retry a `BackendError` on this schedule, within `wait`. */
+  readonly retry?: Schedule.Schedule<unknown, BackendError> | undefined
 }
 
 class MultiLockImpl implements MultiLock {
@@ -127,7 +155,8 @@ const specsOf = (self: MultiLock): ReadonlyArray<LockSpec> => (self as MultiLock
 const multiLease = (leases: ReadonlyArray<Lease>): MultiLease => ({
   parts: leases,
   expiresIn: internal.expiresInOf(leases),
-  lost: internal.lostOf(leases)
+  lost: internal.lostOf(leases),
+  state: internal.stateOf(leases)
 })
 
 /**
@@ -216,7 +245,7 @@ export const make = (...locks: ReadonlyArray<Lock>): Effect.Effect<MultiLock, In
 export const acquire = (self: MultiLock, options?: AcquireOptions): Effect.Effect<MultiLease, AcquireError, Scope.Scope> =>
   Effect.flatMap(handle.timeoutMillis(options?.timeout), (ms) =>
     Effect.flatMap(Effect.scope, (scope) =>
-      Effect.flatMap(internal.acquireAll(specsOf(self), ms, scope), (parts) =>
+      Effect.flatMap(internal.acquireAll(specsOf(self), ms, scope, options?.retry), (parts) =>
         Option.isSome(parts)
           ? Effect.succeed(multiLease(parts.value.leases))
           // only a zero timeout ends without the parts or a LockTimeout, and it is refused above
@@ -224,7 +253,8 @@ export const acquire = (self: MultiLock, options?: AcquireOptions): Effect.Effec
 
 /**
  * One round, no waiting: `Some(lease)` if every part was free (or is re-entered), `None` (holding
- * nothing) if any was not.
+ * nothing) if any was not. With `wait`, waits at most that long for all of them, as `acquire`
+ * would, then gives up with `None`.
  *
  * @example
  * ```ts
@@ -236,6 +266,9 @@ export const acquire = (self: MultiLock, options?: AcquireOptions): Effect.Effec
  *   const lease = yield* MultiLock.tryAcquire(both)
  *   if (Option.isNone(lease)) return yield* Effect.log("busy")
  *   yield* Effect.log("running both jobs")
+ *   // or wait a little for them
+ *   const later = yield* MultiLock.tryAcquire(both, { wait: "100 millis" })
+ *   yield* Effect.log(Option.isSome(later) ? "got them" : "still taken")
  * }).pipe(Effect.scoped)
  * ```
  *
@@ -243,14 +276,16 @@ export const acquire = (self: MultiLock, options?: AcquireOptions): Effect.Effec
  * @category acquiring
  */
 export const tryAcquire = (
-  self: MultiLock
+  self: MultiLock,
+  options?: TryAcquireOptions
 ): Effect.Effect<Option.Option<MultiLease>, Exclude<AcquireError, { _tag: "LockTimeout" }>, Scope.Scope> =>
-  Effect.flatMap(Effect.scope, (scope) =>
-    Effect.map(
-      // a single round never waits, so it never times out
-      Effect.catchTag(internal.acquireAll(specsOf(self), 0, scope), "LockTimeout", (e) => Effect.die(e)),
-      (parts) => Option.map(parts, (held) => multiLease(held.leases))
-    ))
+  Effect.flatMap(handle.waitMillis(options?.wait), (ms) =>
+    Effect.flatMap(Effect.scope, (scope) =>
+      Effect.map(
+        // past `wait`, the parts taken are released and the answer is None
+        Effect.catchTag(internal.acquireAll(specsOf(self), ms, scope, options?.retry), "LockTimeout", () => Effect.succeedNone),
+        (parts) => Option.map(parts, (held) => multiLease(held.leases))
+      )))
 
 /**
  * Runs an effect while holding every part, then releases them. The effect is interrupted with
@@ -294,6 +329,53 @@ export const withLock: {
       internal.withAll(
         typeof effect === "function" ? (leases: ReadonlyArray<Lease>) => effect(multiLease(leases)) : effect,
         specsOf(self),
-        ms
+        ms,
+        options?.retry
+      ))
+)
+
+/**
+ * Runs the effect only if every part is free (or within `wait`): `Some` of its result, or `None`
+ * without running it, holding nothing. Like `withLock`, the body is interrupted with `LockLost`
+ * if any part is lost, and may be a function of the `MultiLease`. Pipeable and data-first.
+ *
+ * @example
+ * ```ts
+ * import { Effect, Option } from "effect"
+ * import { Lock, MultiLock } from "@lockstep/core"
+ *
+ * const program = Effect.gen(function* () {
+ *   const both = yield* MultiLock.make(yield* Lock.make("job:a"), yield* Lock.make("job:b"))
+ *   const ran = yield* Effect.succeed("done").pipe(MultiLock.withLockIfAvailable(both))
+ *   if (Option.isNone(ran)) yield* Effect.log("another process runs them")
+ *   yield* MultiLock.withLockIfAvailable(Effect.log("waited a little"), both, { wait: "100 millis" })
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category acquiring
+ */
+export const withLockIfAvailable: {
+  (self: MultiLock, options?: TryAcquireOptions): <A, E, R>(
+    effect: Effect.Effect<A, E, R> | ((lease: MultiLease) => Effect.Effect<A, E, R>)
+  ) => Effect.Effect<Option.Option<A>, E | Exclude<AcquireError, { _tag: "LockTimeout" }> | LockLost, Exclude<R, Scope.Scope>>
+  <A, E, R>(
+    effect: Effect.Effect<A, E, R> | ((lease: MultiLease) => Effect.Effect<A, E, R>),
+    self: MultiLock,
+    options?: TryAcquireOptions
+  ): Effect.Effect<Option.Option<A>, E | Exclude<AcquireError, { _tag: "LockTimeout" }> | LockLost, Exclude<R, Scope.Scope>>
+} = dual(
+  (args) => isBody(args[0]),
+  <A, E, R>(
+    effect: Effect.Effect<A, E, R> | ((lease: MultiLease) => Effect.Effect<A, E, R>),
+    self: MultiLock,
+    options?: TryAcquireOptions
+  ) =>
+    Effect.flatMap(handle.waitMillis(options?.wait), (ms) =>
+      internal.withAllIfGranted(
+        typeof effect === "function" ? (leases: ReadonlyArray<Lease>) => effect(multiLease(leases)) : effect,
+        specsOf(self),
+        ms,
+        options?.retry
       ))
 )

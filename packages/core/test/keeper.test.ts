@@ -23,7 +23,8 @@ const entry = (): Entry => ({
 
 /** The memory backend, counting renewal calls and the leases they carry. */
 const counting = Effect.gen(function*() {
-  const backend = yield* LockBackend
+  // a backend of the test's own: a layer's backend closes with the layer
+  const backend = yield* MemoryBackend.make
   const counts = { calls: 0, leases: 0 }
   const service: Service = {
     ...backend,
@@ -35,7 +36,7 @@ const counting = Effect.gen(function*() {
       })
   }
   return { counts, layer: Layer.succeed(LockBackend, service) }
-}).pipe(Effect.provide(MemoryBackend.layer))
+})
 
 describe("the lease keeper", () => {
   it("its heap always yields the earliest entry, through moves and removals", () =>
@@ -97,7 +98,7 @@ describe("the lease keeper", () => {
 
   it.scoped("a lease whose renewals fail is lost at its deadline while the others are kept", () =>
     Effect.gen(function*() {
-      const backend = yield* Effect.provide(LockBackend, MemoryBackend.layer)
+      const backend = yield* MemoryBackend.make
       const failing: Service = {
         ...backend,
         renew: (requests: ReadonlyArray<RenewRequest>) =>

@@ -42,7 +42,10 @@ import * as internal from "./internal/memoryBackend.js"
 export const make: Effect.Effect<Service> = Effect.sync(() => internal.unsafeMake(crypto.randomUUID()).service)
 
 /**
- * Provides `LockBackend` with a fresh in-memory backend (one per layer build).
+ * Provides `LockBackend` with a fresh in-memory backend (one per layer build). When the layer's
+ * scope closes, the backend closes with it: its state is dropped, waiters blocked on it fail, and
+ * a handle made under it answers every call with a `BackendError` whose cause is
+ * `LockError.BackendClosed` (`LockError.isBackendClosed`).
  *
  * @example
  * ```ts
@@ -59,4 +62,10 @@ export const make: Effect.Effect<Service> = Effect.sync(() => internal.unsafeMak
  * @since 0.1.0
  * @category layers
  */
-export const layer: Layer.Layer<LockBackend> = Layer.effect(LockBackend, make)
+export const layer: Layer.Layer<LockBackend> = Layer.scoped(
+  LockBackend,
+  Effect.map(
+    Effect.acquireRelease(Effect.sync(() => internal.unsafeMake(crypto.randomUUID())), (backend) => Effect.sync(backend.close)),
+    (backend) => backend.service
+  )
+)

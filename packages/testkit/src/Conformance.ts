@@ -50,6 +50,14 @@ export interface Harness {
    * the model-based runs (which use every kind) are not registered. Default `"all"`.
    */
   readonly kinds?: "all" | "exclusive" | undefined
+  /**
+   * The hand-off checks: how soon (real milliseconds) after a release its waiter must be let in,
+   * for every kind of waiter. The waiters' own retries are 20 seconds apart (on `"test"` the clock
+   * stands still), so only the release's wake-up meets it. Default 500 ms: a release, a wake-up
+   * and a grant take a few milliseconds to tens of them on a server, and a loaded machine may
+   * stall for a while.
+   */
+  readonly handOffMs?: number | undefined
 }
 
 /**

@@ -46,10 +46,15 @@ export const maxSleepMs = 2 ** 31 - 1
 
 /**
  * Waits for the subscription's next wake-up, or at most the least of `bounds` (ms; at least 1,
- * at most `maxSleepMs`): what every waiter does between two looks at the backend.
+ * at most `maxSleepMs`): what every waiter does between two looks at the backend. Both sides are
+ * interruptible whatever the caller's region is: the race ends only once the loser is
+ * interrupted, and an uninterruptible sleep would hold a woken waiter until the bound.
  */
 export const awaitWakeUp = (subscription: Subscription, ...bounds: ReadonlyArray<number>): Effect.Effect<void> =>
-  Effect.raceFirst(subscription.await, Effect.sleep(Math.max(1, Math.ceil(Math.min(...bounds, maxSleepMs)))))
+  Effect.raceFirst(
+    Effect.interruptible(subscription.await),
+    Effect.interruptible(Effect.sleep(Math.max(1, Math.ceil(Math.min(...bounds, maxSleepMs)))))
+  )
 
 /** When `entry` next needs the keeper: its deadline, or its renewal if that comes first. */
 const dueAt = (entry: Entry): number => {

@@ -15,7 +15,7 @@ import {
   Scope
 } from "effect"
 import type { FiberRefs, Tracer } from "effect"
-import type { Lease } from "../Lease.js"
+import type { Lease, LeaseState } from "../Lease.js"
 import type { AcquireRequest, AcquireResult, HoldMode, Service } from "../LockBackend.js"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported } from "../LockError.js"
 import { LockLost, LockTimeout, SelfDeadlock } from "../LockError.js"
@@ -162,6 +162,7 @@ export const whileHeld = <A, E, R>(
       parent.getFiberRef(heldLeases).all
     )
     const holds: HeldLeases = { all, taken: [] }
+    const callerContext = parent.getFiberRef(FiberRef.currentContext)
     // the body's fiber refs once set up: if they are the same object when it ends, the body
     // changed none of them and there is nothing to inherit
     let refsAtStart: FiberRefs.FiberRefs | undefined
@@ -199,7 +200,8 @@ export const whileHeld = <A, E, R>(
               ? dead.lost
               : fiber.getFiberRefs() === refsAtStart
               ? exit
-              : Effect.zipRight(Fiber.inheritAll(fiber), exit)
+              // the body's context carries its own scope, closed by now: the caller keeps its own
+              : Effect.zipRight(Effect.zipRight(Fiber.inheritAll(fiber), FiberRef.set(FiberRef.currentContext, callerContext)), exit)
             return Effect.zipRight(done(exit), result)
           }
         })
@@ -550,6 +552,37 @@ const cleanUpAttempt = (spec: LockSpec, request: AcquireRequest): Effect.Effect<
 const cancel = (spec: LockSpec, holder: string): Effect.Effect<void> =>
   Effect.ignore(spec.backend.cancel({ key: spec.key, holder, leaseMs: spec.leaseMs ?? spec.watchdogMs }))
 
+const noTimeLeft = Effect.succeed(Duration.zero)
+
+/**
+ * A lease: one acquisition's view of its holder's record, which re-entrant leases share. Once
+ * closed it answers for itself (no time left, released) whatever the record does next.
+ */
+class LeaseImpl implements Lease {
+  /** How the lease ended, once its scope closed. */
+  ended: "Released" | "Lost" | undefined = undefined
+  constructor(
+    readonly key: string,
+    readonly holder: string,
+    readonly mode: HoldMode,
+    readonly permits: number,
+    readonly fence: number,
+    record: Held
+  ) {
+    this[heldOf] = record
+  }
+  readonly [heldOf]: Held
+  get expiresIn(): Effect.Effect<Duration.Duration> {
+    return this.ended !== undefined || this[heldOf].dead ? noTimeLeft : this[heldOf].expiresIn
+  }
+  get lost(): Effect.Effect<never, LockLost> {
+    return this[heldOf].lost
+  }
+  get state(): Effect.Effect<LeaseState> {
+    return Effect.sync(() => this.ended ?? (this[heldOf].dead ? "Lost" : "Held"))
+  }
+}
+
 /**
  * Binds a grant to the lease's scope: joins the holder's live record (re-entry) or starts a new
  * one with its watchdog, and registers the release. The last lease of a record to close stops the
@@ -566,20 +599,11 @@ const attach = (
   const bind = (record: Held): Grant => {
     if (spec.mode === "exclusive") record.counts.exclusive = request.count
     else record.counts.shared = request.count
-    const lease: Lease & { readonly [heldOf]: Held } = {
-      key: spec.key,
-      holder: request.holder,
-      mode: spec.mode,
-      permits: request.permits,
-      fence,
-      expiresIn: record.expiresIn,
-      lost: record.lost,
-      [heldOf]: record
-    }
-    let closed = false
+    const lease = new LeaseImpl(spec.key, request.holder, spec.mode, request.permits, fence, record)
     const close = Effect.suspend(() => {
-      if (closed) return Effect.void
-      closed = true
+      if (lease.ended !== undefined) return Effect.void
+      // a hold lost before this lease closed stays lost: its release was never confirmed
+      lease.ended = record.dead ? "Lost" : "Released"
       return closeLease(spec, record)
     })
     return { lease, close }
@@ -720,7 +744,12 @@ const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentA
           forget()
           metrics.recordLost(spec.labels, reason)
           const remnant = (["exclusive", "shared"] as const).filter((mode) => countIn(held, mode) > 0)
-          lostWith = new LockLost({ key: spec.key, holder: request.holder, reason })
+          lostWith = new LockLost({
+            key: spec.key,
+            holder: request.holder,
+            reason,
+            fixedLease: spec.leaseMs === undefined ? undefined : Duration.millis(spec.leaseMs)
+          })
           if (lost !== undefined) Deferred.unsafeDone(lost, Effect.fail(lostWith))
           for (const body of held.bodies) body.unsafeInterruptAsFork(FiberId.none)
           const logged = Effect.annotateLogs(Effect.logWarning("lockstep: lease lost"), {

@@ -1,9 +1,9 @@
 import { Duration, Effect, ExecutionStrategy, Exit, Option, Scope } from "effect"
-import type { Lease } from "../Lease.js"
+import type { Lease, LeaseState } from "../Lease.js"
 import type { LockLost } from "../LockError.js"
 import { InvalidLockOptions, LockTimeout } from "../LockError.js"
 import { monotonicMillis } from "./keeper.js"
-import type { AttemptError, LockSpec } from "./lock.js"
+import type { AttemptError, LockSpec, Retry } from "./lock.js"
 import * as internal from "./lock.js"
 
 /**
@@ -62,9 +62,22 @@ export const holdWhileWaitingMs = 1_000
 export const acquireAll = (
   specs: ReadonlyArray<LockSpec>,
   timeoutMs: number | undefined,
-  into: Scope.Scope
+  into: Scope.Scope,
+  retry?: Retry
 ): Effect.Effect<Option.Option<Parts>, AttemptError | LockTimeout> =>
-  Effect.uninterruptibleMask((restore) =>
+  Effect.uninterruptibleMask((restore) => takeAll(specs, timeoutMs, into, restore, retry))
+
+/**
+ * `acquireAll` for a caller that runs uninterruptibly already: `restore` is where it may be
+ * interrupted (the waiting, between attempts), as for a single lock.
+ */
+const takeAll = (
+  specs: ReadonlyArray<LockSpec>,
+  timeoutMs: number | undefined,
+  into: Scope.Scope,
+  restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>,
+  retry: Retry
+): Effect.Effect<Option.Option<Parts>, AttemptError | LockTimeout> =>
     Effect.gen(function*() {
       const startedAt = yield* monotonicMillis
       // the part the next round waits for first, holding nothing; none: the first in order
@@ -81,7 +94,7 @@ export const acquireAll = (
         /** Waits up to `waitMs` for part `index` (0: try once); `false` if it was not granted. */
         const take = (index: number, waitMs: number | undefined) =>
           Effect.map(
-            Effect.catchTag(internal.acquire(specs[index]!, 1, waitMs), "LockTimeout", (e) =>
+            Effect.catchTag(internal.acquire(specs[index]!, 1, waitMs, retry), "LockTimeout", (e) =>
               // the bound passed, not the caller's timeout: the next round sees to that
               waitMs !== left ? Effect.succeedNone : Effect.fail(e)),
             (lease) => {
@@ -114,12 +127,16 @@ export const acquireAll = (
         waitFor = (exit.value as Extract<Round, { _tag: "Busy" }>).index
       }
     })
-  )
 
 /** Fails as soon as any of the leases is lost. */
 export const lostOf = (leases: ReadonlyArray<Lease>): Effect.Effect<never, LockLost> =>
   // raceAll ends with the first success: race the losses as successes
   leases.length === 1 ? leases[0]!.lost : Effect.flip(Effect.raceAll(leases.map((lease) => Effect.flip(lease.lost))))
+
+/** `Lost` if any part was lost, `Released` once all were released, else `Held`. */
+export const stateOf = (leases: ReadonlyArray<Lease>): Effect.Effect<LeaseState> =>
+  Effect.map(Effect.forEach(leases, (lease) => lease.state), (states) =>
+    states.includes("Lost") ? "Lost" : states.every((state) => state === "Released") ? "Released" : "Held")
 
 /** The least time left among the leases. */
 export const expiresInOf = (leases: ReadonlyArray<Lease>): Effect.Effect<Duration.Duration> =>
@@ -133,24 +150,55 @@ export const expiresInOf = (leases: ReadonlyArray<Lease>): Effect.Effect<Duratio
 export const withAll = <A, E, R>(
   body: Effect.Effect<A, E, R> | ((leases: ReadonlyArray<Lease>) => Effect.Effect<A, E, R>),
   specs: ReadonlyArray<LockSpec>,
-  timeoutMs: number | undefined
+  timeoutMs: number | undefined,
+  retry?: Retry
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
+  Effect.flatMap(
+    runWithAll(body, specs, timeoutMs, retry, false),
+    // only a zero timeout ends without the parts or a LockTimeout, and withLock never makes one
+    (result) => Option.isSome(result) ? Effect.succeed(result.value) : Effect.dieMessage("lockstep: a waiting acquisition ended without a lease")
+  )
+
+/**
+ * `withAll` when every part is granted within `waitMs` (0: one round, no waiting): `Some` of
+ * what the body returned, or `None` without running it.
+ */
+export const withAllIfGranted = <A, E, R>(
+  body: Effect.Effect<A, E, R> | ((leases: ReadonlyArray<Lease>) => Effect.Effect<A, E, R>),
+  specs: ReadonlyArray<LockSpec>,
+  waitMs: number,
+  retry?: Retry
+): Effect.Effect<Option.Option<A>, E | AttemptError | LockLost, Exclude<R, Scope.Scope>> =>
+  runWithAll(body, specs, waitMs, retry, true) as Effect.Effect<Option.Option<A>, E | AttemptError | LockLost, Exclude<R, Scope.Scope>>
+
+const runWithAll = <A, E, R>(
+  body: Effect.Effect<A, E, R> | ((leases: ReadonlyArray<Lease>) => Effect.Effect<A, E, R>),
+  specs: ReadonlyArray<LockSpec>,
+  timeoutMs: number | undefined,
+  retry: Retry,
+  ifGranted: boolean
+): Effect.Effect<Option.Option<A>, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
   Effect.uninterruptibleMask((restore) =>
-    Effect.flatMap(Scope.make(), (into) =>
-      Effect.flatMap(
-        Effect.onExit(acquireAll(specs, timeoutMs, into), (exit) => (Exit.isFailure(exit) ? Scope.close(into, exit) : Effect.void)),
-        (parts) => {
-          if (Option.isNone(parts)) return Effect.dieMessage("lockstep: a waiting acquisition ended without a lease")
-          const close = Scope.close(into, Exit.void)
-          // an interruption that arrived while the last grant was in flight stops here, before the body
-          return Effect.matchCauseEffect(restore(Effect.void), {
-            onFailure: (cause) => Effect.zipRight(close, Effect.failCause(cause)),
-            onSuccess: () => {
-              const leases = parts.value.leases
-              const effect = typeof body === "function" ? Effect.suspend(() => body(leases)) : body
-              return internal.whileHeld(leases, effect, restore, close)
-            }
-          })
-        }
-      ))
+    Effect.flatMap(Scope.make(), (into) => {
+      // whatever ends the acquisition without the parts releases what it took
+      const taken = Effect.onExit(
+        takeAll(specs, timeoutMs, into, restore, retry),
+        (exit) => (Exit.isFailure(exit) ? Scope.close(into, exit) : Effect.void)
+      )
+      // the acquisition's own timeout only (not the body's): not granted in time
+      const parts = ifGranted ? Effect.catchTag(taken, "LockTimeout", () => Effect.succeedNone) : taken
+      return Effect.flatMap(parts, (parts) => {
+        if (Option.isNone(parts)) return Effect.succeedNone
+        const close = Scope.close(into, Exit.void)
+        // an interruption that arrived while the last grant was in flight stops here, before the body
+        return Effect.matchCauseEffect(restore(Effect.void), {
+          onFailure: (cause) => Effect.zipRight(close, Effect.failCause(cause)),
+          onSuccess: () => {
+            const leases = parts.value.leases
+            const effect = typeof body === "function" ? Effect.suspend(() => body(leases)) : body
+            return Effect.asSome(internal.whileHeld(leases, effect, restore, close))
+          }
+        })
+      })
+    })
   )

@@ -77,6 +77,7 @@ export interface Sizes {
 /** @internal */
 export interface MemoryBackendInternal {
   readonly service: LockBackend.Service
+  readonly close: () => void
   readonly sizes: () => Sizes
 }
 
@@ -91,13 +92,19 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   const latches = new Map<string, Latch>()
   const latchSubscriptions = new Map<string, Set<Sub>>()
   let operations = 0
+  /** Set once the layer that made the backend ended: every call fails, nothing is kept. */
+  let closed = false
 
   // All operations read time synchronously from Effect's Clock and apply their whole state
   // transition in one synchronous block: JS is single-threaded, so each operation is atomic.
-  const atomically = <A, E>(f: (now: number) => Effect.Effect<A, E>): Effect.Effect<A, E> =>
+  const atomically = <A, E>(
+    operation: string,
+    f: (now: number) => Effect.Effect<A, E>
+  ): Effect.Effect<A, E | LockError.BackendError> =>
     // monotonic: a wall-clock step must not expire leases early
     Effect.clockWith((clock: Clock.Clock) =>
-      Effect.suspend(() => {
+      Effect.suspend((): Effect.Effect<A, E | LockError.BackendError> => {
+        if (closed) return Effect.fail(LockError.backendClosed({ operation, backend: "memory backend" }))
         const now = Number(clock.unsafeCurrentTimeNanos()) / 1_000_000
         if (++operations % sweepEvery === 0) sweep(now)
         return f(now)
@@ -343,7 +350,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   }
 
   const acquire: LockBackend.Service["acquire"] = (request) =>
-    atomically((now) => {
+    atomically("acquire", (now) => {
       const dropped = prune(request.key, now)
       const outcome = acquireOnce(request, now)
       // this attempt is what a wake-up of the holder was for: it no longer needs handing on
@@ -358,7 +365,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     })
 
   const release: LockBackend.Service["release"] = ({ count, holder, key, leaseMs, mode }) =>
-    atomically((now) => {
+    atomically("release", (now) => {
       const dropped = prune(key, now)
       const data = keys.get(key)
       const hold = data?.holders.get(holder)
@@ -390,7 +397,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     })
 
   const renew: LockBackend.Service["renew"] = (requests) =>
-    atomically((now) => {
+    atomically("renew", (now) => {
       const touched = new Set<string>()
       const toWake = new Set<string>()
       const results = requests.map(({ holder, key, leaseMs }): LockBackend.RenewResult => {
@@ -409,7 +416,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     })
 
   const inspect: LockBackend.Service["inspect"] = (key) =>
-    atomically((now) => {
+    atomically("inspect", (now) => {
       if (prune(key, now)) wake(key)
       tidy(key, now)
       const data = keys.get(key)
@@ -430,7 +437,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     })
 
   const raiseFence: LockBackend.Service["raiseFence"] = ({ fence, key, leaseMs }) =>
-    atomically((now) => {
+    atomically("raiseFence", (now) => {
       const data = keyData(key)
       if (fence > data.fence) {
         data.fence = fence
@@ -440,7 +447,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     })
 
   const forceRelease: LockBackend.Service["forceRelease"] = ({ id, key }) =>
-    atomically((now) => {
+    atomically("forceRelease", (now) => {
       const dropped = prune(key, now)
       const data = keys.get(key)
       // a copy answers as the first delivery did (after waking whoever an expiry let in)
@@ -463,7 +470,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     })
 
   const cancel: LockBackend.Service["cancel"] = ({ holder, key, leaseMs }) =>
-    atomically((now) => {
+    atomically("cancel", (now) => {
       const dropped = prune(key, now)
       const data = keys.get(key)
       const headBefore = data?.queue[0]?.holder
@@ -504,9 +511,10 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     holder: string,
     mode: LockBackend.HoldMode,
     onClose: (exit: Exit.Exit<unknown, unknown>, sub: Sub) => void
-  ): Effect.Effect<LockBackend.Subscription, never, Scope.Scope> =>
+  ): Effect.Effect<LockBackend.Subscription, LockError.BackendError, Scope.Scope> =>
     Effect.acquireRelease(
-      Effect.sync(() => {
+      Effect.suspend(() => {
+        if (closed) return Effect.fail(LockError.backendClosed({ operation: "subscribe", backend: "memory backend" }))
         const sub: Sub = { key, holder, mode, signalled: false, woken: false, closed: false, resumers: new Set() }
         let subs = table.get(key)
         if (subs === undefined) {
@@ -514,7 +522,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
           table.set(key, subs)
         }
         subs.add(sub)
-        return sub
+        return Effect.succeed(sub)
       }),
       (sub, exit) =>
         Effect.sync(() => {
@@ -574,7 +582,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   }
 
   const latchSetCount: LockBackend.Service["latchSetCount"] = ({ count, id, key }) =>
-    atomically((now) => {
+    atomically("latchSetCount", (now) => {
       const refused = heldByLock(key, now)
       if (refused !== undefined) return Effect.fail(refused)
       const latch = liveLatch(key, now)
@@ -588,7 +596,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     })
 
   const latchCountDown: LockBackend.Service["latchCountDown"] = ({ id, key }) =>
-    atomically((now) => {
+    atomically("latchCountDown", (now) => {
       const refused = heldByLock(key, now)
       if (refused !== undefined) return Effect.fail(refused)
       const latch = liveLatch(key, now)
@@ -601,7 +609,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     })
 
   const latchCount: LockBackend.Service["latchCount"] = (key) =>
-    atomically((now) => {
+    atomically("latchCount", (now) => {
       const refused = heldByLock(key, now)
       if (refused !== undefined) return Effect.fail(refused)
       return Effect.succeed(liveLatch(key, now)?.count ?? 0)
@@ -611,7 +619,26 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   const latchSubscribe: LockBackend.Service["latchSubscribe"] = (key, waiter) =>
     subscribeIn(latchSubscriptions, key, waiter, "shared", () => undefined)
 
+  /** Ends the backend: later calls fail as closed, and waiters blocked in a subscription go on (to fail). */
+  const close = (): void => {
+    if (closed) return
+    closed = true
+    for (const table of [subscriptions, latchSubscriptions]) {
+      for (const subs of table.values()) {
+        for (const sub of subs) {
+          sub.closed = true
+          for (const resume of sub.resumers) resume()
+          sub.resumers.clear()
+        }
+      }
+      table.clear()
+    }
+    keys.clear()
+    latches.clear()
+  }
+
   return {
+    close,
     service: {
       clientId,
       acquire,

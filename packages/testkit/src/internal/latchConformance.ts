@@ -12,7 +12,7 @@ const range = (n: number) => Array.from({ length: n }, (_, i) => i)
 
 /** The CountDownLatch scenarios. */
 export const register = (kit: Kit, test: TestFn): void => {
-  const { advance, freshKey, hold, promptly, settle, shortMs, withBackend } = kit
+  const { advance, freshKey, handOff, hold, promptly, settle, shortMs, waiterTimeout, withBackend } = kit
 
   test("CountDownLatch: set only at 0, counted down to 0 (never below), every waiter woken at once", () =>
     withBackend(Effect.gen(function*() {
@@ -37,6 +37,21 @@ export const register = (kit: Kit, test: TestFn): void => {
       assert.isTrue(yield* CountDownLatch.trySetCount(latch, 1), "not settable again at 0")
       yield* CountDownLatch.countDown(latch)
     })))
+
+  test("hand-off: a latch waiter is let in by the countDown that reaches 0, not by its recheck", () =>
+    handOff("CountDownLatch", Effect.gen(function*() {
+      const latch = yield* CountDownLatch.make(yield* freshKey("hand-off-latch"), { recheck: waiterTimeout })
+      return {
+        // held while the count is above 0: the countDown to 0 is the release
+        hold: (body) =>
+          Effect.gen(function*() {
+            assert.isTrue(yield* CountDownLatch.trySetCount(latch, 1))
+            yield* body
+            assert.strictEqual(yield* CountDownLatch.countDown(latch), 0)
+          }),
+        wait: (body) => Effect.zipRight(CountDownLatch.await(latch), body)
+      }
+    })), 60_000)
 
   test("CountDownLatch: a call delivered twice counts once", () =>
     withBackend(Effect.gen(function*() {

@@ -22,13 +22,32 @@ export interface Kit {
   ) => Effect.Effect<{ readonly lease: Lease; readonly release: Effect.Effect<void, E> }, never, Exclude<R, Scope.Scope>>
   readonly withBackend: <A, E>(self: Effect.Effect<A, E, LockBackend>) => Effect.Effect<A, E>
   readonly assertFree: (key: string) => Effect.Effect<void, unknown, LockBackend>
+  /**
+   * How long a waiter of the hand-off checks goes without looking again on its own (the
+   * `waiterTimeout` of its locks, the `recheck` of its latch): far longer than any hand-off.
+   */
+  readonly waiterTimeout: Duration.Duration
+  /**
+   * Checks one hand-off: the handles `make` builds (on a backend that tells when the waiter is
+   * waiting), a holder holding, a waiter waiting, the holder releasing; fails unless the waiter
+   * is let in within the harness's hand-off bound of the release.
+   */
+  readonly handOff: (label: string, make: Effect.Effect<HandOff, unknown, LockBackend>) => Effect.Effect<void, unknown>
+}
+
+/** The two sides of a hand-off. */
+export interface HandOff {
+  /** Holds, runs `body`, then releases. */
+  readonly hold: (body: Effect.Effect<void>) => Effect.Effect<void, unknown>
+  /** Waits until it is let in, then runs `body` (which marks the moment). */
+  readonly wait: (body: Effect.Effect<void>) => Effect.Effect<void, unknown>
 }
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i)
 
 /** The multi-lock scenarios, over parts that all live on the suite's backend. */
 export const register = (kit: Kit, test: TestFn): void => {
-  const { advance, assertFree, freshKey, hold, live, promptly, settle, shortMs, withBackend } = kit
+  const { advance, assertFree, freshKey, handOff, hold, live, promptly, settle, shortMs, waiterTimeout, withBackend } = kit
 
   const threeLocks = (label: string) =>
     Effect.gen(function*() {
@@ -65,6 +84,17 @@ export const register = (kit: Kit, test: TestFn): void => {
       for (const key of keys) yield* assertFree(key)
     })))
 
+  for (const parts of [1, 2]) {
+    test(`hand-off: a MultiLock of ${parts} part${parts === 1 ? "" : "s"} waiting for another over the same parts is let in at its release`, () =>
+      handOff(`MultiLock of ${parts}`, Effect.gen(function*() {
+        const locks = yield* Effect.forEach(range(parts), (i) =>
+          Effect.flatMap(freshKey(`hand-off-multi-${parts}-${i}`), (key) => Lock.make(key, { waiterTimeout })))
+        const multi = yield* MultiLock.make(...locks)
+        const take = (body: Effect.Effect<void>) => MultiLock.withLock(body, multi)
+        return { hold: take, wait: take }
+      })), 60_000)
+  }
+
   test("MultiLock: overlapping sets in opposite orders never deadlock and never overlap", () =>
     withBackend(Effect.gen(function*() {
       const { keys, locks } = yield* threeLocks("multi-overlap")
@@ -93,8 +123,8 @@ export const register = (kit: Kit, test: TestFn): void => {
         }))
       const single = Effect.scoped(Effect.gen(function*() {
         const lease = yield* Lock.acquire(b)
-        yield* enter({ parts: [lease], expiresIn: lease.expiresIn, lost: lease.lost })
-        yield* leave({ parts: [lease], expiresIn: lease.expiresIn, lost: lease.lost })
+        yield* enter({ parts: [lease], expiresIn: lease.expiresIn, lost: lease.lost, state: lease.state })
+        yield* leave({ parts: [lease], expiresIn: lease.expiresIn, lost: lease.lost, state: lease.state })
       }))
       yield* Effect.forEach(
         range(24),
