@@ -14,6 +14,11 @@
  * once per failing call. The backend listens to its connections' 'error' events, so ioredis never
  * prints "Unhandled error event" for them.
  *
+ * A backend closes with the layer (or scope) that made it, also where the client is borrowed and
+ * stays open: a handle used after that fails with a `BackendError` whose `cause` is
+ * `LockError.BackendClosed` (`LockError.isBackendClosed`), and a waiter blocked at the close fails
+ * at once. Nothing of the backend keeps the process alive once it is closed.
+ *
  * @since 0.1.0
  */
 import type { Duration, Scope } from "effect"
@@ -58,11 +63,24 @@ export type Client = Redis | Cluster
 export interface Tuning {
   /**
    * Every Redis call that takes longer fails with `BackendError`, so a silent server never stalls
-   * a holder past its lease. Default 2 seconds.
+   * a holder past its lease. Once a call has waited that long on a connection that is down,
+   * later calls on it fail at once until it is back: an outage stalls a caller for one timeout,
+   * not one per call it makes. Default 2 seconds.
    */
   readonly commandTimeout?: Duration.DurationInput | undefined
   /** Most renewals sent in one script. Default 1000. */
   readonly renewBatchSize?: number | undefined
+  /**
+   * The failover quarantine (off by default): after the server was promoted from a replica, or
+   * restarted (its data may be gone), it makes no new grant until every lease an earlier
+   * incarnation may have granted has run out, i.e. for `longestLease` (default 30 seconds, the
+   * default watchdog) from the promotion as the server first sees it, or from the restart.
+   * `longestLease` must cover the longest lease or watchdog of every client of the server: an
+   * acquisition asking for a longer one fails with `InvalidLockOptions`. Re-entries and renewals
+   * of holds the server has are not held back. Single servers and Sentinel-managed masters; a
+   * Redis Cluster refuses it (`InvalidLockOptions`). See the README's "Replicas and failover".
+   */
+  readonly quarantine?: { readonly longestLease?: Duration.DurationInput | undefined } | undefined
 }
 
 /**
@@ -104,8 +122,9 @@ export type Connection =
 
 /**
  * The backend on an existing client (borrowed: closing the scope does not close it). A duplicate
- * connection carries the waiters' subscriptions and is closed with the scope. Nothing is sent to
- * the server here: an unreachable server shows in the first calls (as `BackendError`).
+ * connection, opened when a first waiter subscribes, carries the waiters' subscriptions and is
+ * closed with the scope. Nothing is sent to the server here: an unreachable server shows in the
+ * first calls (as `BackendError`).
  *
  * @example
  * ```ts
@@ -163,7 +182,7 @@ export const layer = (options: Options): Layer.Layer<LockBackend> => Layer.scope
  * Building the layer checks the server: one PING, within the command timeout or until ioredis
  * gives up, whichever comes first. An unreachable server, a refused password or a bad URL fails
  * the layer with `BackendError` (operation `"connect"`) naming the endpoint and the cause, e.g.
- * `lock backend failed during connect on Redis 10.0.0.7:6379: connect ECONNREFUSED 10.0.0.7:6379 (...)`,
+ * `lock backend failed during connect on Redis 10.0.0.7:6379: connect ECONNREFUSED 10.0.0.7:6379`,
  * and closes what it opened.
  *
  * @example

@@ -11,6 +11,7 @@ import type { Scope } from "effect"
 import { ConfigProvider, Context, Effect, Exit, Fiber, Layer, Logger, Option } from "effect"
 import { Redis } from "ioredis"
 import type { RedisOptions } from "ioredis"
+import { Lock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import type { AcquireRequest, Service } from "@lockstep/core/LockBackend"
 import { BackendError } from "@lockstep/core/LockError"
@@ -340,15 +341,72 @@ describe.runIf(runnable)("Redis backend: unreachable servers and lost connection
       yield* Effect.promise(() => client.ping())
       yield* server.pause
       const backend = yield* RedisBackend.make({ client, commandTimeout: "2 seconds" }).pipe(capturingLogs(logs))
+      // the first waiter opens the subscriber connection
+      const first = yield* Effect.fork(Effect.scoped(backend.subscribe("connection-handshake-first", "waiter-1", "exclusive")))
       yield* Effect.sleep(100) // the kernel accepted the connection: ioredis is in its handshake
-      const subscribed = yield* Effect.fork(Effect.scoped(backend.subscribe("connection-handshake", "waiter", "exclusive")))
+      const second = yield* Effect.fork(Effect.scoped(backend.subscribe("connection-handshake", "waiter-2", "exclusive")))
       yield* Effect.sleep(100)
       yield* server.resume
-      const exit = yield* Fiber.await(subscribed)
+      const exits = [yield* Fiber.await(first), yield* Fiber.await(second)]
       yield* Effect.sleep(300)
-      assert.isTrue(Exit.isSuccess(exit), `subscribe: ${String(exit)}`)
+      for (const exit of exits) assert.isTrue(Exit.isSuccess(exit), `subscribe: ${String(exit)}`)
       assert.deepStrictEqual(logs.filter((l) => l.level === "WARN"), [])
     }))
+
+  it.scopedLive("layer({ client }) on a dead port: withLock fails at the command timeout its message states", () =>
+    Effect.gen(function*() {
+      // a server that is down: nothing listens on its port until it is restarted
+      const server = yield* RedisServer.make()
+      yield* server.kill
+      const port = server.port
+      // an application's client with ioredis's defaults: it holds commands for ~10 s of retries
+      const client = yield* Effect.acquireRelease(
+        Effect.sync(() => new Redis(server.url)),
+        (c) => Effect.sync(() => c.disconnect())
+      )
+      client.on("error", () => undefined)
+      const context = yield* Layer.build(RedisBackend.layer({ client }))
+      const lock = yield* Lock.make("connection-stated").pipe(Effect.provide(context))
+      const start = nowMs()
+      const exit = yield* Effect.exit(Lock.withLock(Effect.void, lock))
+      const ms = nowMs() - start
+      const error = backendErrorOf(exit)
+      console.log(`[connection] layer({ client }) on a dead port: failed after ${Math.round(ms)} ms: ${error.message}`)
+      assert.strictEqual(
+        error.message,
+        `lock backend failed during acquire on Redis 127.0.0.1:${port}: connect ECONNREFUSED 127.0.0.1:${port} (no answer from Redis within 2s)`
+      )
+      // the attempt's clean-up (a release of what a lost reply may have granted) waits no second timeout
+      assert.isAtLeast(ms, 1_900)
+      assert.isBelow(ms, 2_600, `failed after ${Math.round(ms)} ms, the message says 2s`)
+
+      // back: calls wait for their answers again
+      yield* server.restart
+      const ran = yield* retryWhileReconnecting(Lock.withLock(Effect.succeed("ran"), lock))
+      assert.strictEqual(ran, "ran")
+    }).pipe(capturingLogs([])))
+
+  it.effect("connect errors name the connection's error, without ioredis's retry text, and the time they took", () =>
+    Effect.gen(function*() {
+      const port = yield* deadPort
+      const expected = `lock backend failed during connect on Redis 127.0.0.1:${port}: connect ECONNREFUSED 127.0.0.1:${port}`
+      const fromUrl = yield* build(RedisBackend.layerFrom(`redis://127.0.0.1:${port}`))
+      const fromConfig = yield* build(RedisBackend.layerConfig().pipe(
+        Layer.provide(Layer.setConfigProvider(ConfigProvider.fromMap(new Map([["REDIS_URL", `redis://127.0.0.1:${port}`]]))))
+      ))
+      for (const [what, outcome] of [["layerFrom(url)", fromUrl], ["layerConfig", fromConfig]] as const) {
+        const error = backendErrorOf(outcome.exit)
+        console.log(`[connection] ${what} on a dead port: failed after ${Math.round(outcome.ms)} ms: ${error.message}`)
+        assert.strictEqual(error.message, expected, what)
+        assert.isBelow(outcome.ms, 1_500, what)
+      }
+      // a client that never gives up on a command: the PING's own timeout, as stated
+      const patient = yield* build(RedisBackend.layerFrom({ host: "127.0.0.1", port, maxRetriesPerRequest: null }))
+      const error = backendErrorOf(patient.exit)
+      console.log(`[connection] layerFrom({ maxRetriesPerRequest: null }) on a dead port: failed after ${Math.round(patient.ms)} ms: ${error.message}`)
+      assert.strictEqual(error.message, `${expected} (no answer from Redis within 2s)`)
+      assert.isBelow(patient.ms, 2_600)
+    }).pipe(Effect.provide(Logger.remove(Logger.defaultLogger))))
 
   it("nothing escaped as an unhandled rejection", () => {
     assert.deepStrictEqual(escaped, [])

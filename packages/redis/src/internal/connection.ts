@@ -9,7 +9,7 @@ import { Duration, Effect, Queue } from "effect"
 import { Cluster, Redis } from "ioredis"
 import type { RedisOptions } from "ioredis"
 import type { Service } from "@lockstep/core/LockBackend"
-import { BackendError } from "@lockstep/core/LockError"
+import { BackendError, backendClosed } from "@lockstep/core/LockError"
 import type { Client, Connection, Tuning } from "../RedisBackend.js"
 import { makeDeadlines } from "./deadlines.js"
 
@@ -51,12 +51,16 @@ const describeNode = (node: unknown): string => {
   return String(node)
 }
 
+/** Whether `client` is a cluster (also a cluster of a mock library, which says so in `isCluster`). */
+export const isCluster = (client: Client): client is Cluster =>
+  client instanceof Cluster || ("isCluster" in client && client.isCluster === true)
+
 /**
  * Where `client` connects: `Redis host:port`, `Redis <socket path>`, the sentinels of a named
  * master, or `Redis cluster <startup nodes>`. Never a password.
  */
 export const describeEndpoint = (client: Client): string => {
-  if (client instanceof Cluster || ("isCluster" in client && client.isCluster === true)) {
+  if (isCluster(client)) {
     // ioredis keeps the startup nodes in a field its types mark private
     const nodes = (client as unknown as { readonly startupNodes?: ReadonlyArray<unknown> }).startupNodes ?? []
     return `Redis cluster ${nodes.map(describeNode).join(", ")}`
@@ -84,9 +88,31 @@ export const describeError = (error: unknown): string => {
   return node === undefined || node === null ? text : `${text} (last node error: ${describeError(node)})`
 }
 
+/** An error reply of the server (WRONGTYPE, NOSCRIPT, a script's error, ...): it answered. */
+const isReplyError = (error: unknown): boolean => error instanceof Error && error.name === "ReplyError"
+
+/**
+ * ioredis giving up on a command because the connection is down (it retried as often as
+ * `maxRetriesPerRequest` allows, or will not reconnect): next to the connection's own error, it
+ * says nothing more.
+ */
+const isGivingUp = (error: unknown): boolean =>
+  error instanceof Error && (error.name === "MaxRetriesPerRequestError" || error.message === "Connection is closed.")
+
 // ---------------------------------------------------------------------------------------------
-// opening (layerFrom)
+// opening (layerFrom, the subscriber)
 // ---------------------------------------------------------------------------------------------
+
+/**
+ * `disconnectTimeout` of the connections a backend opens itself. ioredis closes a connection by
+ * ending its socket and destroying it after `disconnectTimeout` (2 s by default) on a timer that
+ * is not unref'd and that only the socket's 'close' clears. A socket that has already closed (a
+ * connection closed between reconnects, or closed during its handshake, which ioredis then closes
+ * a second time when its ready check fails) never emits 'close' again, and a half-open one (a
+ * paused server) waits for the whole timeout: either way the timer kept the process alive for 2 s
+ * after the backend was closed. A connection of ours waits for nothing once we close it.
+ */
+const disconnectTimeout = 0
 
 const URL_SHAPE = "expected redis://[[username]:password@]host[:port][/db], rediss://... or a socket path"
 
@@ -138,10 +164,13 @@ export const open = (connection: Connection): Effect.Effect<Client, BackendError
       return Effect.try({
         try: (): Client => {
           const client: Client = typeof connection === "string"
-            ? new Redis(connection, { maxRetriesPerRequest: 2 })
+            ? new Redis(connection, { maxRetriesPerRequest: 2, disconnectTimeout })
             : "cluster" in connection
-            ? new Cluster([...connection.cluster], connection.options)
-            : new Redis({ maxRetriesPerRequest: 2, ...connection })
+            ? new Cluster([...connection.cluster], {
+              ...connection.options,
+              redisOptions: { disconnectTimeout, ...connection.options?.redisOptions }
+            })
+            : new Redis({ maxRetriesPerRequest: 2, disconnectTimeout, ...connection })
           // a connection of our own that nobody else sees: it never prints "Unhandled error event",
           // even after the backend's tracking listener is gone
           client.on("error", () => undefined)
@@ -155,9 +184,17 @@ export const open = (connection: Connection): Effect.Effect<Client, BackendError
 
 /**
  * The connection that carries a backend's subscriptions: a duplicate of `client`, with its ready
- * check (after a restart it waits until the server has loaded its data, like any connection).
+ * check (after a restart it waits until the server has loaded its data, like any connection). It
+ * connects on the first subscription: a program that never waits opens no connection for it, and
+ * does not close one that is still in its handshake.
  */
-export const subscriberFor = (client: Client): Client => client.duplicate()
+export const subscriberFor = (client: Client): Client =>
+  isCluster(client)
+    ? client.duplicate([], {
+      lazyConnect: true,
+      redisOptions: { ...client.options.redisOptions, disconnectTimeout }
+    })
+    : client.duplicate({ lazyConnect: true, disconnectTimeout })
 
 /**
  * Runs a (UN)SUBSCRIBE on `subscriber` once it is not handshaking. ioredis writes commands a
@@ -201,11 +238,29 @@ export interface Tracker {
    * deadline settles the effect itself rather than interrupting it: callers run grants and the
    * registration of their release uninterruptibly (so an interruption never leaks a grant), and
    * a silent server must still not stall them. One timer keeps the deadlines of all calls in
-   * flight (see deadlines.ts).
+   * flight (see deadlines.ts). Once a call has waited the whole timeout on a connection that is
+   * down (it reported a connection error and has not been ready since), later calls on it (on a
+   * cluster: to the same `slot`) fail at once until it answers again: the timeout bounds how long
+   * an outage stalls a caller, not each call it makes.
    */
-  readonly call: <A>(operation: string, promise: () => Promise<A>, role?: Role) => Effect.Effect<A, BackendError>
+  readonly call: <A>(
+    operation: string,
+    promise: () => Promise<A>,
+    role?: Role,
+    slot?: number | undefined
+  ) => Effect.Effect<A, BackendError>
   /** A BackendError naming the endpoint and, while `role`'s connection is down, its last error. */
   readonly fail: (operation: string, cause: unknown, role?: Role) => BackendError
+  /**
+   * The backend's scope is closing: from now on every call fails with the closed-backend error,
+   * and so does a call still in flight that fails (its connection closed under it). Whether the
+   * client is open (a borrowed one may well be) does not matter.
+   */
+  readonly close: () => void
+  /** Whether `close` was called. */
+  readonly isClosed: () => boolean
+  /** The error every operation of a closed backend fails with. */
+  readonly closedError: (operation: string) => BackendError
   /** `error` naming the endpoint (unchanged if it already does). */
   readonly locate: (error: BackendError) => BackendError
   /** `service` whose every BackendError names the endpoint. */
@@ -233,6 +288,12 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
 
     /** The last connection error of each connection since it was last ready. */
     const lastError = new Map<Role, { readonly error: unknown; readonly text: string }>()
+    /**
+     * Per connection (and cluster slot: one node down leaves the others alone), since when it has
+     * left a call unanswered for the whole command timeout (performance.now()): set when a call
+     * reaches its deadline, cleared by the next answer, or when the connection is ready again.
+     */
+    const silentSince = new Map<string, number>()
     let outage = false
 
     const onError = (role: Role, error: unknown) => {
@@ -245,6 +306,7 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
     }
     const onReady = (role: Role) => {
       lastError.delete(role)
+      for (const route of silentSince.keys()) if (route.startsWith(role)) silentSince.delete(route)
       if (outage && lastError.size === 0) {
         outage = false
         Queue.unsafeOffer(events, { _tag: "Reconnected" })
@@ -271,11 +333,18 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
     const detailOf = (cause: unknown, role: Role): string => {
       const own = describeError(cause)
       const connection = lastError.get(role)?.text
-      return connection === undefined || connection === own ? own : `${connection} (${own})`
+      if (connection === undefined) return own
+      return connection === own || isGivingUp(cause) ? connection : `${connection} (${own})`
     }
 
     const fail = (operation: string, cause: unknown, role: Role = "commands") =>
       new BackendError({ operation, cause, endpoint, detail: detailOf(cause, role) })
+
+    let closed = false
+    const closedError = (operation: string) => backendClosed({ operation, backend: "Redis backend", endpoint })
+    /** `fail`, unless the backend closed meanwhile: then that is what the call ran into. */
+    const failOpen = (operation: string, cause: unknown, role: Role) =>
+      closed ? closedError(operation) : fail(operation, cause, role)
 
     const locate = (error: BackendError) =>
       error.endpoint !== undefined
@@ -285,23 +354,48 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
     const locateAny = <E>(error: E): E | BackendError => error instanceof BackendError ? locate(error) : error
 
     const deadlines = makeDeadlines(Duration.toMillis(timeout))
-    const call = <A>(operation: string, promise: () => Promise<A>, role: Role = "commands") =>
+    /** A reply, or an error reply: the server answers again. */
+    const heard = (route: string, cause?: unknown) => {
+      if (cause === undefined || isReplyError(cause)) silentSince.delete(route)
+    }
+    const call = <A>(operation: string, promise: () => Promise<A>, role: Role = "commands", slot?: number) =>
       Effect.async<A, BackendError>((resume) => {
-        const pending = deadlines.start(() =>
-          resume(Effect.fail(fail(
+        if (closed) return resume(Effect.fail(closedError(operation)))
+        const route = slot === undefined ? role : `${role}:${slot}`
+        const since = silentSince.get(route)
+        if (since !== undefined && lastError.has(role)) {
+          // a connection that is down and left a call unanswered for the whole timeout: the call
+          // still goes out when it is back (after those, in order: the release of an attempt
+          // follows the attempt), but its caller does not wait a second timeout for it (an
+          // acquisition cleaning up after its attempt timed out would take twice the timeout). A
+          // connection that is up but silent (a paused server) may answer any moment: its calls
+          // wait as usual
+          promise().then(() => heard(route), (cause: unknown) => heard(route, cause))
+          const silentFor = Duration.format(Duration.millis(Math.round(performance.now() - since)))
+          return resume(Effect.fail(failOpen(
+            operation,
+            new Error(`no answer from Redis for ${silentFor}`, { cause: lastError.get(role)?.error }),
+            role
+          )))
+        }
+        const pending = deadlines.start(() => {
+          if (!silentSince.has(route)) silentSince.set(route, pending.startedAt)
+          resume(Effect.fail(failOpen(
             operation,
             new Error(`no answer from Redis within ${Duration.format(timeout)}`, { cause: lastError.get(role)?.error }),
             role
           )))
-        )
+        })
         promise().then(
           (value) => {
             deadlines.end(pending)
+            heard(route)
             resume(Effect.succeed(value))
           },
           (cause: unknown) => {
             deadlines.end(pending)
-            resume(Effect.fail(fail(operation, cause, role)))
+            heard(route, cause)
+            resume(Effect.fail(failOpen(operation, cause, role)))
           }
         )
         // no canceler: an interrupted call's entry simply expires (its late resume is ignored),
@@ -325,6 +419,11 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
       watch,
       call,
       fail,
+      close: () => {
+        closed = true
+      },
+      isClosed: () => closed,
+      closedError,
       locate,
       locateAll: (service) => ({
         ...service,

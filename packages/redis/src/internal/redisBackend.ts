@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto"
 import type { Scope } from "effect"
-import { Effect, Either, Runtime } from "effect"
+import { Duration, Effect, Either, Option, Runtime } from "effect"
 import calculateSlot from "cluster-key-slot"
 import type * as LockBackend from "@lockstep/core/LockBackend"
 import { forceReleaseMemoryMs, latchCallMemoryMs } from "@lockstep/core/LockBackend"
@@ -56,6 +56,25 @@ export const endedKeyOf = (key: string, holder: string) => `lockstep_ended:{${ke
 
 export const channelOf = (key: string) => `redisson_lock__channel:{${key}}`
 
+/** The server's epoch record, which the failover quarantine keeps (one per server). */
+export const epochKey = "lockstep_epoch"
+
+/**
+ * The quarantine's longest lease in ms (`undefined`: no quarantine), or why it cannot be had: a
+ * cluster has no key every node's scripts can share, and a lease must be positive and finite.
+ */
+const quarantineOf = (tuning: Tuning | undefined, isCluster: boolean): number | string | undefined => {
+  if (tuning?.quarantine === undefined) return undefined
+  if (isCluster) return "the failover quarantine keeps one record per server, which a Redis Cluster cannot share between slots"
+  const longest = tuning.quarantine.longestLease === undefined
+    ? Option.some(Duration.seconds(30))
+    : Duration.decodeUnknown(tuning.quarantine.longestLease)
+  if (Option.isNone(longest)) return "longestLease is not a duration"
+  const ms = Duration.toMillis(longest.value)
+  if (!Number.isFinite(ms) || ms <= 0) return `longestLease must be a positive, finite duration, got ${Duration.format(longest.value)}`
+  return Math.ceil(ms)
+}
+
 /** The keys of latch `key`: its count (Redisson's layout) and the calls applied to it. */
 export const latchKeysOf = (key: string) => [key, `lockstep_latch_applied:{${key}}`]
 
@@ -80,19 +99,23 @@ export const make = (
     const runtime = yield* Effect.runtime<never>()
     const renewBatchSize = tuning?.renewBatchSize ?? 1000
     const isCluster = "isCluster" in client && client.isCluster === true
+    const quarantine = quarantineOf(tuning, isCluster)
 
     /**
-     * Settles with the promise, or fails with BackendError (naming the endpoint and the
-     * connection's trouble) once the command timeout passes: see `Tracker.call`.
+     * One script call: EVALSHA, and EVAL when the server does not know the script yet. Settles
+     * with the reply, or fails with BackendError (naming the endpoint and the connection's
+     * trouble) once the command timeout passes: see `Tracker.call`.
      */
-    const bounded = <A>(operation: string, promise: () => Promise<A>) => connection.call(operation, promise)
-
-    /** One script call: EVALSHA, and EVAL when the server does not know the script yet. */
     const run = (s: Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) =>
-      bounded(s.name, () =>
-        client.evalsha(s.sha, keys.length, ...keys, ...args).catch((error: unknown) =>
-          isNoScript(error) ? client.eval(s.lua, keys.length, ...keys, ...args) : Promise.reject(error)
-        ))
+      connection.call(
+        s.name,
+        () =>
+          client.evalsha(s.sha, keys.length, ...keys, ...args).catch((error: unknown) =>
+            isNoScript(error) ? client.eval(s.lua, keys.length, ...keys, ...args) : Promise.reject(error)
+          ),
+        "commands",
+        isCluster ? calculateSlot(keys[0]!) : undefined
+      )
 
     const subscriber = subscriberFor(client)
     // our own connection: it never prints "Unhandled error event", even after the tracking
@@ -113,12 +136,21 @@ export const make = (
       if (connectedOnce) wakeups.wakeAll()
       connectedOnce = true
     })
+    // the first finalizer of the backend to run: calls made from now on (through handles that
+    // outlive the layer, by waiters woken here) fail as closed, whether or not the client is still
+    // open
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
+        connection.close()
         wakeups.close()
         subscriber.disconnect()
       })
     )
+    /** `effect`, unless the backend is closed: calls that send nothing check it here. */
+    const whileOpen = <A, E, R>(operation: string, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | BackendError, R> =>
+      Effect.suspend((): Effect.Effect<A, E | BackendError, R> =>
+        connection.isClosed() ? Effect.fail(connection.closedError(operation)) : effect
+      )
 
     const acquire = (request: LockBackend.AcquireRequest) =>
       Effect.suspend(() => {
@@ -145,8 +177,23 @@ export const make = (
           code,
           register ? "1" : "0"
         ]
+        const keys = keysOf(request.key, endedKeyOf(request.key, request.holder))
+        if (quarantine !== undefined) {
+          if (typeof quarantine === "string") return Effect.fail(new InvalidLockOptions({ field: "quarantine", reason: quarantine }))
+          if (request.leaseMs > quarantine) {
+            return Effect.fail(
+              new InvalidLockOptions({
+                field: "lease",
+                reason: `a lease of ${request.leaseMs}ms is longer than the Redis backend's quarantine.longestLease (${quarantine}ms), ` +
+                  "which must cover every lease its server grants"
+              })
+            )
+          }
+          args.push(quarantine)
+          keys.push(epochKey)
+        }
         return Effect.flatMap(
-          run(acquireScript, keysOf(request.key, endedKeyOf(request.key, request.holder)), args),
+          run(acquireScript, keys, args),
           (reply): Effect.Effect<
             LockBackend.AcquireResult,
             BackendError | InvalidLockOptions | LockUpgradeNotSupported | NotHeld
@@ -247,7 +294,7 @@ export const make = (
     // the lock API's keeper sends every renewal that is due in one call: it goes out as it is
     const renew = (requests: ReadonlyArray<LockBackend.RenewRequest>) =>
       requests.length === 0
-        ? Effect.succeed([])
+        ? whileOpen("renew", Effect.succeed([]))
         : Effect.catchAllDefect(renewBatch(requests), (cause) => Effect.fail(new BackendError({ operation: "renew", cause })))
 
     /**
@@ -304,8 +351,11 @@ export const make = (
       latchCount: (key) => Effect.flatMap(run(latchCountScript, latchKeysOf(key), []), (reply) => latchReply(key, reply)),
       // every latch waiter is a shared waiter of the latch's channel: a message wakes them all
       latchSubscribe: (key, waiter) =>
-        Effect.mapError(wakeups.subscribe(latchChannelOf(key), waiter, "shared"), (cause) =>
-          cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause })),
+        whileOpen(
+          "latchSubscribe",
+          Effect.mapError(wakeups.subscribe(latchChannelOf(key), waiter, "shared"), (cause) =>
+            cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause }))
+        ),
       acquire,
       release,
       renew,
@@ -321,7 +371,10 @@ export const make = (
           run(cancelScript, keysOf(key, endedKeyOf(key, holder)), [holder, leaseMs, `${wakeCode(holder)}|${holder}`])
         ),
       subscribe: (key, holder, mode) =>
-        Effect.mapError(wakeups.subscribe(channelOf(key), holder, mode, (member) => abandon(key, member)), (cause) =>
-          cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause }))
+        whileOpen(
+          "subscribe",
+          Effect.mapError(wakeups.subscribe(channelOf(key), holder, mode, (member) => abandon(key, member)), (cause) =>
+            cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause }))
+        )
     } satisfies LockBackend.Service
   })

@@ -82,6 +82,39 @@ local function next_fence(token, now, nowUs, lease)
 end
 `
 
+/**
+ * The failover quarantine: until when this server must not make a new grant, because a lease an
+ * earlier incarnation of its data may have granted (on the master it replaced, or before a
+ * restart that lost data) could still be held. The server's epoch is the replication id
+ * (`master_replid`): a new one after a promotion or a restart. The epoch record
+ * (`<replid>|<until ms>`, one key per server) is written by the first grant of a new epoch:
+ * a node that was promoted (`master_replid2` set) quarantines from now, since the promotion
+ * time is unknown and it is no later than now; a node that never was (a restart, or a new
+ * server) from its start (`uptime_in_seconds`). `longest` is the longest lease any client of
+ * the server grants.
+ */
+const quarantine = `
+local function quarantined_until(epoch, longest, now)
+  local info = redis.call('INFO', 'replication')
+  local replid = string.match(info, 'master_replid:(%w+)')
+  local record = redis.call('GET', epoch)
+  if type(record) == 'string' then
+    local id, till = string.match(record, '^(%w+)|(%d+)$')
+    if id == replid then return tonumber(till) end
+  end
+  local replid2 = string.match(info, 'master_replid2:(%w+)') or '0'
+  local till = now + longest
+  if string.match(replid2, '^0+$') then
+    -- never promoted since it started: what it may have lost, it lost at its start (uptime is
+    -- rounded down to the second, so this start is never earlier than the true one)
+    local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')) or 0
+    till = now - up * 1000 + longest
+  end
+  redis.call('SET', epoch, replid .. '|' .. fmt(till))
+  return till
+end
+`
+
 /** Helpers of the paths where holders share a key or someone waits. */
 const base = `
 -- ioredis-mock's Lua bridge only converts tables built by a constructor, so copy into one
@@ -297,25 +330,28 @@ end
 `
 
 /**
- * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
+ * and with a quarantine the server's epoch record.
  * ARGV: holder, mode ('x' | 's'), permits, limit (-1: unlimited), leaseMs, fair ('1' | '0'),
  * waiterTtlMs, count (the holder's count in that mode once granted), wake code, register ('1':
- * the holder waits on a subscription; a denied unfair attempt registers it as a waiter).
+ * the holder waits on a subscription; a denied unfair attempt registers it as a waiter), the
+ * quarantine's longest lease (0: no quarantine; a new grant waits while it lasts).
  * Returns {1, fence, count} granted, {0, retryAfterMs} denied, {2} upgrade refused,
  * {3, storedLimit} limit mismatch, {4} permits over the limit, {5} not held (a re-entry into a
  * hold that is gone, or a late copy from a holder that ended).
  */
-export const acquire = `${prelude}${fence}
+export const acquire = `${prelude}${fence}${quarantine}
 local key, token, channel, fq, fqt, ended, wq, sentinel = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local holder, excl = ARGV[1], ARGV[2] == 'x'
 local permits, limit, lease = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local fair, waiterTtl, count = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8])
 local code, register = ARGV[9], ARGV[10] == '1'
+local longest = tonumber(ARGV[11] or '0')
 local flat = redis.call('HGETALL', key)
 
--- the fast path: a first hold of a free key no one waits for
+-- the fast path: a first hold of a free key no one waits for (and no quarantine to look at)
 local memo = nil
-if #flat == 0 and count == 1 and (excl or limit < 0 or permits <= limit) then
+if #flat == 0 and count == 1 and longest == 0 and (excl or limit < 0 or permits <= limit) then
   memo = redis.call('MGET', ended, sentinel)
   -- a late copy from a holder that ended (nil array items: false on Redis, userdata in ioredis-mock)
   if type(memo[1]) == 'string' then return {5} end
@@ -422,6 +458,13 @@ if fair and waiting then
     if ahead == nil then ahead = tonumber(soon[#soon]) end
     if ahead ~= nil then block(ahead) end
   end
+end
+
+-- a new grant waits out the server's quarantine (re-entries and a writer's read hold do not:
+-- the hold they build on is on this server)
+if blocking == nil and first and longest > 0 then
+  local till = quarantined_until(KEYS[9], longest, now)
+  if now < till then block(till) end
 end
 
 if blocking == nil and first then

@@ -253,9 +253,15 @@ export const makeWakeups = (
     },
     /** Channels subscribed (or still kept after their last waiter left). */
     channelCount: () => channels.size,
-    /** Stops the pending unsubscribes (the connection is closing). */
+    /**
+     * The backend is closing: stops the pending unsubscribes and wakes every waiter, whose next
+     * call then fails as closed instead of waiting for a wake-up that will not come.
+     */
     close: () => {
-      for (const channel of channels.values()) if (channel.idle !== undefined) clearTimeout(channel.idle)
+      for (const channel of channels.values()) {
+        if (channel.idle !== undefined) clearTimeout(channel.idle)
+        for (const waiter of channel.waiters) deliver(waiter)
+      }
       channels.clear()
     }
   }
