@@ -79,6 +79,13 @@ const demo = (history: History.Recorder) => Effect.gen(function*() {
   const semStats = yield* contend(10, 4, () => Semaphore.acquire(sem))
   yield* line("Semaphore(3)", "10 workers x 4 rounds", semStats, `up to ${semStats.maxInside} inside at once`)
 
+  // the first fences a reader sees: say what the 16-digit numbers are
+  yield* Console.log(
+    "\n  fences: the backend clock's time of each grant in microseconds since 1970 (or the key's last\n" +
+      "  fence + 1, if that is higher): strictly increasing per key, also after a backend restart\n" +
+      "  (unless its clock steps back)"
+  )
+
   const events = yield* history.events
   const violations = yield* history.check
   const grants = events.filter((e) => e._tag === "Grant").length

@@ -5,7 +5,9 @@
 #    manifests and file lists;
 # 2. runs publint and @arethetypeswrong/cli (all resolution modes, node10 included) on every tarball;
 # 3. installs the tarballs with npm into a new project outside the workspace, with effect,
-#    @effect/sql-pg and ioredis 6, then ioredis 5, and for each: runs an ES module and a CommonJS
+#    @effect/sql, @effect/sql-pg and ioredis 6, then ioredis 5, and for each: installs one more
+#    package as an application later does (ioredis 6: the way the README's Install section tells
+#    users, since a plain `npm install` there fails with ERESOLVE), then runs an ES module and a CommonJS
 #    program with plain node (locks on the memory backend, on a real redis-server they start and on
 #    the machine's PostgreSQL in a database of the check's own), and type-checks a
 #    TypeScript consumer (strict, skipLibCheck off, types: []) under module/moduleResolution node16
@@ -72,11 +74,33 @@ consumer() {
   echo '{ "name": "consumer", "version": "0.0.0", "private": true }' > "$dir/package.json"
   echo "== ioredis $ioredis: npm install of the tarballs"
   (cd "$dir" && npm install --loglevel=error --no-audit --no-fund $TARBALLS "effect@^3.22.4" "ioredis@^$ioredis" \
-    "@effect/sql-pg@^0.53.0" "typescript@~5.9.3" "@types/node@^20" "vitest@^3.2.4" "@effect/vitest@^0.29.0" >/dev/null)
+    "@effect/sql@^0.52.1" "@effect/sql-pg@^0.53.0" "typescript@~5.9.3" "@types/node@^20" "vitest@^3.2.4" \
+    "@effect/vitest@^0.29.0" >/dev/null)
   (cd "$dir" && node -e '
     for (const name of ["effect", "ioredis", "@effect/sql", "@effect/sql-pg", "typescript", "@lockstep/core", "@lockstep/redis", "@lockstep/sql"])
       process.stdout.write(`${name}@${require(name + "/package.json").version}  `)
     console.log()')
+  # an application installs more packages later. With ioredis 6, npm refuses every later install:
+  # @effect/experimental (a dependency of @effect/sql) has ioredis ^5 as an optional peer. Users
+  # are told (README, Install) to pin ioredis 5, or to install with --legacy-peer-deps and have
+  # @effect/sql's peers as dependencies of their own (npm then installs no peers, and removes the
+  # ones it installed before); the programs and type checks below run on the result
+  echo "== ioredis $ioredis: a second npm install in the project"
+  if [ "$ioredis" = 6 ]; then
+    if (cd "$dir" && npm install --loglevel=error --no-audit --no-fund "dotenv@^16" >second-install.log 2>&1); then
+      echo "plain npm install dotenv: ok (no ERESOLVE any more: the README's note on ioredis 6 is out of date)"
+    else
+      grep -q ERESOLVE "$dir/second-install.log" || { cat "$dir/second-install.log"; exit 1; }
+      echo "plain npm install dotenv: ERESOLVE as the README says ($(grep -m1 peerOptional "$dir/second-install.log" | sed 's/^npm error //'))"
+    fi
+    (cd "$dir" && npm install --loglevel=error --no-audit --no-fund --legacy-peer-deps \
+      "@effect/experimental@^0.61.1" "@effect/platform@^0.97.2" "dotenv@^16" >/dev/null)
+    echo "npm install --legacy-peer-deps @effect/experimental @effect/platform dotenv: ok"
+  else
+    (cd "$dir" && npm install --loglevel=error --no-audit --no-fund "dotenv@^16" >/dev/null)
+    echo "npm install dotenv: ok"
+  fi
+  (cd "$dir" && node -e 'require("dotenv"); require("@effect/sql"); console.log("dotenv and @effect/sql resolve after it")')
   echo "== ioredis $ioredis: plain node, ES module and CommonJS"
   (cd "$dir" && timeout 120 node program.mjs && timeout 120 node program.cjs)
   echo "== ioredis $ioredis: tsc"

@@ -24,13 +24,13 @@
  * @since 0.1.0
  */
 import type { Duration, Scope } from "effect"
-import { Config, Effect, Layer, Redacted } from "effect"
-import type { ConfigError } from "effect/ConfigError"
+import { Config, ConfigError, Effect, Layer, Redacted } from "effect"
 import { SqlClient } from "@effect/sql/SqlClient"
-import type { SqlError } from "@effect/sql/SqlError"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import type { Service } from "@lockstep/core/LockBackend"
 import { BackendError, InvalidLockOptions } from "@lockstep/core/LockError"
+import type { DialectName } from "./internal/dialect.js"
+import * as Endpoint from "./internal/endpoint.js"
 import * as internal from "./internal/sqlBackend.js"
 
 /**
@@ -113,7 +113,9 @@ export const migrate = (
   Effect.flatMap(SqlClient, (sql) => internal.migrate(sql, options))
 
 /**
- * The backend as a layer over the `SqlClient` layer you already have.
+ * The backend as a layer over the `SqlClient` layer you already have. Once the layer is closed,
+ * every call of a lock made under it fails with `BackendError` whose cause is
+ * `LockError.BackendClosed`, also while the client itself stays open, and waiters stop waiting.
  *
  * @example
  * ```ts
@@ -136,6 +138,11 @@ export const layer = (options?: Options): Layer.Layer<LockBackend, BackendError 
  * (`@effect/sql-sqlite-node`). Only the driver the URL names is loaded; install it beside this
  * package. Default: the `DATABASE_URL` environment variable.
  *
+ * A server it cannot reach or that refuses it fails the layer with `BackendError` (operation
+ * `"connect"`) naming the endpoint and the driver's reason, e.g. `lock backend failed during
+ * connect on PostgreSQL 10.0.0.5:5432/app: role "app" does not exist` (never the password). An
+ * unset variable fails it with a `ConfigError` that names the variable.
+ *
  * @example
  * ```ts
  * import { Config } from "effect"
@@ -151,46 +158,93 @@ export const layer = (options?: Options): Layer.Layer<LockBackend, BackendError 
 export const layerConfig = (
   url: Config.Config<Redacted.Redacted> = Config.redacted("DATABASE_URL"),
   options?: Options
-): Layer.Layer<LockBackend, BackendError | InvalidLockOptions | ConfigError> =>
-  Layer.unwrapEffect(Effect.map(url, (value) => layer(options).pipe(Layer.provide(clientLayer(value))))).pipe(
-    Layer.catchAll((error) => Layer.fail(error._tag === "SqlError" ? connectFailure(error) : error))
+): Layer.Layer<LockBackend, BackendError | InvalidLockOptions | ConfigError.ConfigError> =>
+  Layer.unwrapEffect(Effect.map(url, (value) => layerOn(value, options))).pipe(
+    Layer.catchAll((error) => Layer.fail(ConfigError.isConfigError(error) ? namingSecrets(error) : error))
   )
 
-const connectFailure = (cause: unknown) =>
-  new BackendError({ operation: "connect", cause })
+/**
+ * A secret's config error says `<redacted>` where it would show the value, and with it loses the
+ * name of what is missing: the message names the path again, never the value.
+ */
+const namingSecrets = (error: ConfigError.ConfigError): ConfigError.ConfigError =>
+  ConfigError.reduceWithContext(error, undefined, {
+    andCase: (_, left, right) => ConfigError.And(left, right),
+    orCase: (_, left, right) => ConfigError.Or(left, right),
+    missingDataCase: (_, path, message) =>
+      ConfigError.MissingData(
+        path,
+        message === secretMessage
+          ? `Expected ${path.join(".")} to exist: the URL of the lock database (postgres://, mysql://, mariadb:// or sqlite:<file>)`
+          : message
+      ),
+    invalidDataCase: (_, path, message) =>
+      ConfigError.InvalidData(path, message === secretMessage ? `${path.join(".")} is invalid (a secret: its value is not shown)` : message),
+    sourceUnavailableCase: (_, path, message, cause) =>
+      ConfigError.SourceUnavailable(path, message === secretMessage ? `${path.join(".")} could not be read` : message, cause),
+    unsupportedCase: (_, path, message) =>
+      ConfigError.Unsupported(path, message === secretMessage ? `${path.join(".")} cannot be read here` : message)
+  })
 
-/** The client layer the URL's scheme names, from its driver package, loaded on demand. */
-const clientLayer = (
-  url: Redacted.Redacted
-): Layer.Layer<SqlClient, BackendError | InvalidLockOptions | ConfigError | SqlError> => {
-  const text = Redacted.value(url)
-  const scheme = text.slice(0, Math.max(0, text.indexOf(":"))).toLowerCase()
-  const driver = <A>(name: string, load: () => Promise<A>) =>
-    Effect.tryPromise({
-      try: load,
-      catch: (cause) => new BackendError({ operation: "connect", cause, detail: `cannot load ${name}: install it beside @lockstep/sql` })
-    })
+const secretMessage = "<redacted>"
+
+const dialectOf = (scheme: string): DialectName | undefined => {
   switch (scheme) {
     case "postgres":
     case "postgresql":
-      return Layer.unwrapEffect(
-        Effect.map(driver("@effect/sql-pg", () => import("@effect/sql-pg")), ({ PgClient }) => PgClient.layer({ url }))
-      )
+      return "pg"
     case "mysql":
     case "mariadb":
-      return Layer.unwrapEffect(
-        Effect.map(driver("@effect/sql-mysql2", () => import("@effect/sql-mysql2")), ({ MysqlClient }) =>
-          MysqlClient.layer({ url: Redacted.make(text.replace(/^mariadb:/i, "mysql:")) }))
-      )
+      return "mysql"
     case "sqlite":
     case "file":
-      return Layer.unwrapEffect(
-        Effect.map(driver("@effect/sql-sqlite-node", () => import("@effect/sql-sqlite-node")), ({ SqliteClient }) =>
-          SqliteClient.layer({ filename: text.slice(scheme.length + 1).replace(/^\/\//, "") }))
-      )
+      return "sqlite"
     default:
-      return Layer.fail(
-        new InvalidLockOptions({ field: "url", reason: `unknown scheme "${scheme}": use postgres:, mysql:, mariadb: or sqlite:` })
-      )
+      return undefined
   }
+}
+
+/**
+ * The backend on a client of its own for `url`, from the driver package its scheme names, loaded
+ * on demand. Every error names the endpoint (never the password) and says what the driver said.
+ */
+const layerOn = (url: Redacted.Redacted, options: Options | undefined): Layer.Layer<LockBackend, BackendError | InvalidLockOptions> => {
+  const text = Redacted.value(url)
+  const scheme = text.slice(0, Math.max(0, text.indexOf(":"))).toLowerCase()
+  const kind = dialectOf(scheme)
+  if (kind === undefined) {
+    return Layer.fail(
+      new InvalidLockOptions({ field: "url", reason: `unknown scheme "${scheme}": use postgres:, mysql:, mariadb: or sqlite:` })
+    )
+  }
+  const { endpoint, password } = Endpoint.fromUrl(kind, text)
+  const connectFailure = (cause: unknown, detail = Endpoint.describe(cause)) =>
+    new BackendError({ operation: "connect", cause, endpoint, detail: Endpoint.masked(detail, password) })
+  const driver = <A>(name: string, load: () => Promise<A>) =>
+    Effect.tryPromise({
+      try: load,
+      catch: (cause) => connectFailure(cause, `cannot load ${name}: install it beside @lockstep/sql`)
+    })
+  const client: Layer.Layer<SqlClient, BackendError> = kind === "pg"
+    ? Layer.unwrapEffect(
+      Effect.map(driver("@effect/sql-pg", () => import("@effect/sql-pg")), ({ PgClient }) => PgClient.layer({ url }))
+    ).pipe(Layer.mapError((error) => (error._tag === "BackendError" ? error : connectFailure(error))))
+    : kind === "mysql"
+    ? Layer.unwrapEffect(
+      Effect.map(driver("@effect/sql-mysql2", () => import("@effect/sql-mysql2")), ({ MysqlClient }) =>
+        MysqlClient.layer({ url: Redacted.make(text.replace(/^mariadb:/i, "mysql:")) }))
+    ).pipe(Layer.mapError((error) => (error._tag === "BackendError" ? error : connectFailure(error))))
+    : Layer.unwrapEffect(
+      Effect.map(driver("@effect/sql-sqlite-node", () => import("@effect/sql-sqlite-node")), ({ SqliteClient }) =>
+        // better-sqlite3 throws from its constructor on a file it cannot open
+        Layer.scopedContext(
+          Layer.build(SqliteClient.layer({ filename: Endpoint.sqliteFile(text) })).pipe(
+            Effect.mapError(connectFailure),
+            Effect.catchAllDefect((defect) => Effect.fail(connectFailure(defect)))
+          )
+        ))
+    )
+  return Layer.scoped(LockBackend, Effect.flatMap(SqlClient, (sql) => internal.make(sql, options, endpoint))).pipe(
+    Layer.provide(client)
+  )
 }

@@ -5,7 +5,7 @@
  * machine's shared services.
  */
 import { execFile, spawn } from "node:child_process"
-import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
+import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -39,7 +39,8 @@ const run = (command: string, args: ReadonlyArray<string>, asPostgres = false): 
     })
   })
 
-const freePort: Effect.Effect<number> = Effect.async<number>((resume) => {
+/** A loopback port nothing listens on (at the time of asking). */
+export const freePort: Effect.Effect<number> = Effect.async<number>((resume) => {
   const server = createServer()
   server.listen(0, "127.0.0.1", () => {
     const address = server.address()
@@ -48,14 +49,17 @@ const freePort: Effect.Effect<number> = Effect.async<number>((resume) => {
   })
 })
 
+/** The uid and gid of the `postgres` user, who runs the clusters when the tests run as root. */
+const postgresIds = (): [number, number] => {
+  const ids = /^postgres:[^:]*:(\d+):(\d+):/m.exec(readFileSync("/etc/passwd", "utf8"))
+  return ids === null ? [0, 0] : [Number(ids[1]), Number(ids[2])]
+}
+
 const temporaryDirectory = (prefix: string, owner?: "postgres"): Effect.Effect<string, never, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.sync(() => {
       const dir = mkdtempSync(join(tmpdir(), prefix))
-      if (owner !== undefined && isRoot) {
-        const ids = /^postgres:[^:]*:(\d+):(\d+):/m.exec(readFileSync("/etc/passwd", "utf8"))
-        if (ids !== null) chownSync(dir, Number(ids[1]), Number(ids[2]))
-      }
+      if (owner !== undefined && isRoot) chownSync(dir, ...postgresIds())
       return dir
     }),
     (dir) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
@@ -73,25 +77,41 @@ const until = (check: Effect.Effect<unknown>, seconds: number): Effect.Effect<vo
     }
   })
 
-/** A PostgreSQL cluster of the test's own, with database `lockstep`. */
-export const ownPostgres: Effect.Effect<OwnServer, never, Scope.Scope> = Effect.gen(function*() {
-  const bin = postgresBin!
-  const dir = yield* temporaryDirectory("lockstep-pg-", "postgres")
-  const port = yield* freePort
-  const data = join(dir, "data")
-  yield* run(join(bin, "initdb"), ["-D", data, "-A", "trust", "-U", "postgres", "--no-sync"], true)
-  const options = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off`
-  const ctl = (...args: ReadonlyArray<string>) => run(join(bin, "pg_ctl"), ["-D", data, "-w", ...args], true)
-  // with its log in a file: a server that inherits pg_ctl's output keeps the pipe open
-  const log = ["-o", options, "-l", join(dir, "log")]
-  yield* Effect.acquireRelease(ctl(...log, "start"), () => Effect.ignore(ctl("-m", "immediate", "stop")))
-  yield* run(join(bin, "psql"), ["-h", "127.0.0.1", "-p", String(port), "-U", "postgres", "-c", "CREATE DATABASE lockstep"])
-  return {
-    kind: "pg" as const,
-    url: `postgres://postgres@127.0.0.1:${port}/lockstep`,
-    restart: Effect.asVoid(ctl(...log, "-m", "fast", "restart"))
-  }
-})
+/**
+ * A PostgreSQL cluster of the test's own, with database `lockstep`. With `password`, connections
+ * over TCP must give it (as user `postgres`); the socket in its directory stays open to the test.
+ */
+export const ownPostgresWith = (options: { readonly password?: string | undefined }): Effect.Effect<OwnServer, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const bin = postgresBin!
+    const dir = yield* temporaryDirectory("lockstep-pg-", "postgres")
+    const port = yield* freePort
+    const data = join(dir, "data")
+    const auth = options.password === undefined
+      ? ["-A", "trust"]
+      : ["--auth-local=trust", "--auth-host=scram-sha-256", `--pwfile=${join(dir, "password")}`]
+    if (options.password !== undefined) {
+      writeFileSync(join(dir, "password"), `${options.password}\n`)
+      if (isRoot) chownSync(join(dir, "password"), ...postgresIds())
+    }
+    yield* run(join(bin, "initdb"), ["-D", data, ...auth, "-U", "postgres", "--no-sync"], true)
+    const serverOptions = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off`
+    const ctl = (...args: ReadonlyArray<string>) => run(join(bin, "pg_ctl"), ["-D", data, "-w", ...args], true)
+    // with its log in a file: a server that inherits pg_ctl's output keeps the pipe open
+    const log = ["-o", serverOptions, "-l", join(dir, "log")]
+    yield* Effect.acquireRelease(ctl(...log, "start"), () => Effect.ignore(ctl("-m", "immediate", "stop")))
+    // through the socket: no password asked
+    yield* run(join(bin, "psql"), ["-h", dir, "-p", String(port), "-U", "postgres", "-c", "CREATE DATABASE lockstep"])
+    const credentials = options.password === undefined ? "postgres" : `postgres:${encodeURIComponent(options.password)}`
+    return {
+      kind: "pg" as const,
+      url: `postgres://${credentials}@127.0.0.1:${port}/lockstep`,
+      restart: Effect.asVoid(ctl(...log, "-m", "fast", "restart"))
+    }
+  })
+
+/** A PostgreSQL cluster of the test's own, with database `lockstep`, open to anyone on loopback. */
+export const ownPostgres: Effect.Effect<OwnServer, never, Scope.Scope> = ownPostgresWith({})
 
 /** A MariaDB server of the test's own, with database `lockstep` (no grant tables: anyone may connect). */
 export const ownMariadb: Effect.Effect<OwnServer, never, Scope.Scope> = Effect.gen(function*() {

@@ -20,8 +20,6 @@ export interface RowWrite {
 
 export interface Dialect {
   readonly name: DialectName
-  /** Shown in errors: `PostgreSQL`, `MySQL`, `SQLite`. */
-  readonly label: string
   /**
    * Starts a transaction whose statements the server itself ends after `timeoutMs` where it can
    * (PostgreSQL), so that a call given up on does not keep waiting for a row lock there.
@@ -115,7 +113,6 @@ const postgres = (table: Table): Dialect => {
   const e = qualified(endedTable(table), quote)
   return {
     name: "pg",
-    label: "PostgreSQL",
     // one simple query: no round trip of its own
     begin: (timeoutMs) =>
       `BEGIN; SET LOCAL statement_timeout = ${Number.isFinite(timeoutMs) ? Math.max(1, Math.ceil(timeoutMs)) : 0}`,
@@ -171,7 +168,6 @@ const mysql = (table: Table): Dialect => {
   const e = qualified(endedTable(table), quote)
   return {
     name: "mysql",
-    label: "MySQL",
     // a session variable would cost a statement per transaction: a stalled statement ends at the
     // server's innodb_lock_wait_timeout, while the call has failed at the command timeout already
     begin: () => "BEGIN",
@@ -227,7 +223,6 @@ const sqlite = (table: Table): Dialect => {
     `CREATE INDEX IF NOT EXISTS ${table.schema === undefined ? "" : `${quote(table.schema)}.`}${quote(name)} ON ${quote(on)} (expires_at)`
   return {
     name: "sqlite",
-    label: "SQLite",
     // IMMEDIATE: take the write lock first, so that two processes never both read and then fail
     // to upgrade (SQLITE_BUSY without waiting)
     begin: () => "BEGIN IMMEDIATE",

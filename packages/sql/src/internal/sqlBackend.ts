@@ -1,11 +1,12 @@
 import { Deferred, Duration, Effect, Either, Exit, Fiber, Schedule, Scope, Stream } from "effect"
 import type * as LockBackend from "@lockstep/core/LockBackend"
-import { BackendError, InvalidLockOptions } from "@lockstep/core/LockError"
+import { BackendError, backendClosed, InvalidLockOptions } from "@lockstep/core/LockError"
 import * as Rules from "@lockstep/core/Rules"
 import type { SqlClient } from "@effect/sql/SqlClient"
 import type { Connection } from "@effect/sql/SqlConnection"
 import * as Dialect from "./dialect.js"
 import { decode, type Document, emptyDocument, encode, expiresAt } from "./document.js"
+import { describe, ofClient } from "./endpoint.js"
 
 export interface Tuning {
   readonly commandTimeout?: Duration.DurationInput | undefined
@@ -67,24 +68,36 @@ interface Waiter {
   readonly resumers: Set<() => void>
 }
 
+/** `endpoint`: where the client connects, as errors name it; by default read from the client's configuration. */
 export const make = (
   sql: SqlClient,
-  settings: Settings | undefined
+  settings: Settings | undefined,
+  knownEndpoint?: string
 ): Effect.Effect<LockBackend.Service, BackendError | InvalidLockOptions, Scope.Scope> =>
   Effect.gen(function*() {
     const { dialect, table } = yield* resolve(sql, settings)
     const name = dialect.name
+    const endpoint = knownEndpoint ?? ofClient(sql, name)
     const clientId = crypto.randomUUID()
     const commandTimeout = Duration.decode(settings?.commandTimeout ?? Duration.seconds(5))
     const renewBatchSize = Math.max(1, settings?.renewBatchSize ?? 500)
     const pollInterval = Duration.decode(settings?.pollInterval ?? (name === "sqlite" ? Duration.millis(10) : Duration.millis(25)))
     const sweepInterval = Duration.decode(settings?.sweepInterval ?? Duration.minutes(1))
 
+    // set when the backend's scope closes: from then on every call says so, whatever the client
+    // (borrowed, it may well still be open) would have answered
+    let closed = false
+    const closedError = (operation: string) => backendClosed({ operation, backend: "SQL backend", endpoint })
+    /** `effect`, unless the backend is closed. */
+    const whileOpen = <A, E, R>(operation: string, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | BackendError, R> =>
+      Effect.suspend((): Effect.Effect<A, E | BackendError, R> => (closed ? Effect.fail(closedError(operation)) : effect))
+
+    // a call still under way when the backend closes fails as closed too: its connection may be gone
     const failure = (operation: string) => (cause: unknown) =>
-      new BackendError({
+      closed ? closedError(operation) : new BackendError({
         operation,
         cause,
-        endpoint: dialect.label,
+        endpoint,
         detail: describe(cause)
       })
 
@@ -109,7 +122,11 @@ export const make = (
           ),
           (fiber) => restore(Fiber.join(fiber)).pipe(Effect.onInterrupt(() => Fiber.interrupt(fiber)))
         )
-      ).pipe(Effect.mapError(failure(operation)))
+      ).pipe(
+        Effect.mapError(failure(operation)),
+        // a client closed under a call still under way may throw (better-sqlite3 does)
+        Effect.catchAllDefect((defect) => (closed ? Effect.fail(closedError(operation)) : Effect.die(defect)))
+      )
 
     /**
      * A connection from the pool, given back when `scope` closes. The drivers cannot withdraw a
@@ -185,7 +202,9 @@ export const make = (
     const startPolling = (): Effect.Effect<void> =>
       polling || dialect.name === "pg" ? Effect.void : Effect.suspend(() => {
         polling = true
-        return Effect.asVoid(Effect.forkIn(poll, scope))
+        // interruptible: forked from a subscription's acquisition, it would inherit its
+        // uninterruptible region, and the closing scope would wait for every waiter to leave
+        return Effect.asVoid(Effect.forkIn(Effect.interruptible(poll), scope))
       })
 
     const subscribeTo = (payload: string, key: string): Effect.Effect<LockBackend.Subscription, never, Scope.Scope> =>
@@ -211,7 +230,7 @@ export const make = (
           })
       ).pipe(Effect.map((waiter) => ({
         await: Effect.async<void>((resume) => {
-          if (waiter.pending) {
+          if (waiter.pending || closed) {
             waiter.pending = false
             resume(Effect.void)
             return
@@ -226,7 +245,7 @@ export const make = (
     // better-sqlite3 waits for SQLite's write lock synchronously, blocking the event loop, and a
     // transaction of this same process that holds the lock could then never finish: the write
     // lock is taken without waiting, and the wait happens here, between tries
-    const busyTimeout = name === "sqlite" ? yield* sqliteBusyTimeout(sql) : undefined
+    const busyTimeout = name === "sqlite" ? yield* sqliteBusyTimeout(sql, endpoint) : undefined
     const begin = (connection: Connection): Effect.Effect<unknown, unknown> => {
       const start = connection.executeUnprepared(dialect.begin(Duration.toMillis(commandTimeout)), [], undefined)
       if (busyTimeout === undefined) return start
@@ -367,46 +386,76 @@ export const make = (
     const service: LockBackend.Service = {
       clientId,
       acquire: (request) =>
-        Effect.flatten(
-          transact("acquire", [request.key], (state, now) => Rules.acquire(state, request, now), endedOf(request.key, request.holder))
+        whileOpen(
+          "acquire",
+          Effect.flatten(
+            transact("acquire", [request.key], (state, now) => Rules.acquire(state, request, now), endedOf(request.key, request.holder))
+          )
         ),
       release: (request) =>
-        Effect.flatten(
-          transact("release", [request.key], (state, now) => Rules.release(state, request, now), endedOf(request.key, request.holder))
+        whileOpen(
+          "release",
+          Effect.flatten(
+            transact("release", [request.key], (state, now) => Rules.release(state, request, now), endedOf(request.key, request.holder))
+          )
         ),
       renew: (requests) =>
-        Effect.map(
-          Effect.forEach(chunks(requests, renewBatchSize), (batch) =>
-            transact("renew", batch.map((r) => r.key), (state, now) => Rules.renew(state, batch, now))),
-          (results) => results.flat()
+        whileOpen(
+          "renew",
+          Effect.map(
+            Effect.forEach(chunks(requests, renewBatchSize), (batch) =>
+              transact("renew", batch.map((r) => r.key), (state, now) => Rules.renew(state, batch, now))),
+            (results) => results.flat()
+          )
         ),
-      inspect: (key) => read("inspect", key, (state, now) => Rules.inspect(state, key, now).result),
-      raiseFence: (request) => transact("raiseFence", [request.key], (state, now) => Rules.raiseFence(state, request, now)),
+      inspect: (key) => whileOpen("inspect", read("inspect", key, (state, now) => Rules.inspect(state, key, now).result)),
+      raiseFence: (request) =>
+        whileOpen("raiseFence", transact("raiseFence", [request.key], (state, now) => Rules.raiseFence(state, request, now))),
       forceRelease: (request) =>
-        transact("forceRelease", [request.key], (state, now) => Rules.forceRelease(state, request, now), {
-          key: request.key,
-          ids: Rules.forceReleaseIds(request)
-        }),
-      cancel: (request) =>
-        transact("cancel", [request.key], (state, now) => Rules.cancel(state, request, now), { key: request.key, ids: [] }),
-      subscribe: (key) => subscribeTo(lockPayload(key), key),
-      latchSetCount: (request) =>
-        Effect.flatten(transact("latchSetCount", [request.key], (state, now) => (Rules.latchSetCount(state, request, now)))),
-      latchCountDown: (request) =>
-        Effect.flatten(
-          transact("latchCountDown", [request.key], (state, now) => (Rules.latchCountDown(state, request, now)))
+        whileOpen(
+          "forceRelease",
+          transact("forceRelease", [request.key], (state, now) => Rules.forceRelease(state, request, now), {
+            key: request.key,
+            ids: Rules.forceReleaseIds(request)
+          })
         ),
-      latchCount: (key) => Effect.flatten(read("latchCount", key, (state, now) => Rules.latchCount(state, key, now).result)),
-      latchSubscribe: (key) => subscribeTo(latchPayload(key), key)
+      cancel: (request) =>
+        whileOpen(
+          "cancel",
+          transact("cancel", [request.key], (state, now) => Rules.cancel(state, request, now), { key: request.key, ids: [] })
+        ),
+      subscribe: (key) => whileOpen("subscribe", subscribeTo(lockPayload(key), key)),
+      latchSetCount: (request) =>
+        whileOpen(
+          "latchSetCount",
+          Effect.flatten(transact("latchSetCount", [request.key], (state, now) => Rules.latchSetCount(state, request, now)))
+        ),
+      latchCountDown: (request) =>
+        whileOpen(
+          "latchCountDown",
+          Effect.flatten(transact("latchCountDown", [request.key], (state, now) => Rules.latchCountDown(state, request, now)))
+        ),
+      latchCount: (key) =>
+        whileOpen("latchCount", Effect.flatten(read("latchCount", key, (state, now) => Rules.latchCount(state, key, now).result))),
+      latchSubscribe: (key) => whileOpen("latchSubscribe", subscribeTo(latchPayload(key), key))
     }
 
     // ---- schema, sweeping, notifications ----------------------------------------------------
-    if (settings?.createSchema !== false) yield* createSchema(sql, dialect)
+    if (settings?.createSchema !== false) yield* createSchema(sql, dialect, endpoint)
 
     const sweep = inTransaction("sweep", (connection) => Effect.forEach(dialect.sweep, (statement) => execute(connection, statement)))
     yield* Effect.forkScoped(Effect.ignore(sweep).pipe(Effect.repeat(Schedule.spaced(sweepInterval)), Effect.interruptible))
 
     if (dialect.name === "pg") yield* listen(sql, table, clientId, signal, failure("listen"))
+
+    // added last, so run first when the scope closes: every waiter wakes to find the backend
+    // closed, rather than waiting for a wake-up that nothing is left to send
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        closed = true
+        for (const payload of [...waiters.keys()]) signal(payload)
+      })
+    )
 
     return service
   })
@@ -420,13 +469,13 @@ const retrySchedule = Schedule.exponential(Duration.millis(2)).pipe(
 )
 
 /** The SQLite connection's own busy timeout, to put back after each transaction has begun. */
-const sqliteBusyTimeout = (sql: SqlClient): Effect.Effect<number, BackendError> =>
+const sqliteBusyTimeout = (sql: SqlClient, endpoint: string): Effect.Effect<number, BackendError> =>
   Effect.scoped(Effect.flatMap(sql.reserve, (connection) => connection.executeUnprepared("PRAGMA busy_timeout", [], undefined))).pipe(
     Effect.map((rows) => {
       const row = (rows as ReadonlyArray<Record<string, unknown>>)[0] ?? {}
       return asNumber(row["timeout"] ?? 0)
     }),
-    Effect.mapError((cause) => new BackendError({ operation: "connect", cause, endpoint: "SQLite", detail: describe(cause) }))
+    Effect.mapError((cause) => new BackendError({ operation: "connect", cause, endpoint, detail: describe(cause) }))
   )
 
 /** The client's dialect and the table, once both are known to be valid. */
@@ -456,12 +505,12 @@ const resolve = (
  * Creates the tables if absent. Two processes doing it at once can make one `CREATE … IF NOT
  * EXISTS` fail (PostgreSQL's catalog unique violation); run again, it finds the table there.
  */
-const createSchema = (sql: SqlClient, dialect: Dialect.Dialect): Effect.Effect<void, BackendError> =>
+const createSchema = (sql: SqlClient, dialect: Dialect.Dialect, endpoint: string): Effect.Effect<void, BackendError> =>
   Effect.forEach(dialect.createSchema, (statement) =>
     Effect.scoped(Effect.flatMap(sql.reserve, (connection) => connection.execute(statement, [], undefined))).pipe(
       Effect.retry({ times: 1 })
     ), { discard: true }).pipe(
-      Effect.mapError((cause) => new BackendError({ operation: "createSchema", cause, endpoint: dialect.label, detail: describe(cause) }))
+      Effect.mapError((cause) => new BackendError({ operation: "createSchema", cause, endpoint, detail: describe(cause) }))
     )
 
 /** `SqlBackend.migrate`: the table, without a backend. */
@@ -469,7 +518,7 @@ export const migrate = (
   sql: SqlClient,
   settings: Pick<Settings, "schema" | "table"> | undefined
 ): Effect.Effect<void, BackendError | InvalidLockOptions> =>
-  Effect.flatMap(resolve(sql, settings), ({ dialect }) => createSchema(sql, dialect))
+  Effect.flatMap(resolve(sql, settings), ({ dialect }) => createSchema(sql, dialect, ofClient(sql, dialect.name)))
 
 /** Acquire and release ask whether the holder ended, and whether it ended without holding. */
 const endedOf = (key: string, holder: string): Remembered => ({ key, ids: [holder, Rules.endedUnheld(holder)] })
@@ -496,14 +545,6 @@ const chunks = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A
   const out: Array<ReadonlyArray<A>> = []
   for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size))
   return out
-}
-
-/** The driver's own message, on one line, without the SQL text. */
-const describe = (cause: unknown): string => {
-  if (typeof cause === "string") return cause
-  const inner = typeof cause === "object" && cause !== null && "cause" in cause ? cause.cause : undefined
-  if (inner instanceof Error && inner.message !== "") return inner.message
-  return cause instanceof Error ? cause.message : String(cause)
 }
 
 /** The client's LISTEN, where it has one (`@effect/sql-pg`). */
