@@ -34,6 +34,13 @@ export * as Model from "./Model.js"
 export * as ModelCheck from "./ModelCheck.js"
 
 /**
+ * A Redis primary, replicas behind cuttable proxies, and sentinels, for failover tests.
+ *
+ * @since 0.1.0
+ */
+export * as RedisSentinel from "./RedisSentinel.js"
+
+/**
  * Real `redis-server` processes (single servers and 3-master clusters) for tests.
  *
  * @since 0.1.0

@@ -70,7 +70,7 @@ export const cliBin = (override: string | undefined): Effect.Effect<string> =>
 const tailLines = (text: string, lines: number = ERROR_TAIL_LINES): string =>
   text.trimEnd().split("\n").slice(-lines).join("\n")
 
-const withLog = (message: string, log: string): string => {
+export const withLog = (message: string, log: string): string => {
   const tail = tailLines(log)
   return tail === "" ? `${message} (no output)` : `${message}; last output:\n${tail}`
 }
@@ -456,11 +456,16 @@ const addressInUse = (error: RedisServerError): boolean => /address already in u
 // servers
 // ---------------------------------------------------------------------------------------------
 
-interface Launch {
+export interface Launch {
   readonly bin: string
   readonly startTimeout: Duration.Duration
   readonly cluster: boolean
   readonly args: (port: number) => ReadonlyArray<string>
+  /**
+   * The text of a config file, written once into the server's dir and passed first, so that
+   * `CONFIG REWRITE` (which sentinels rely on) works and a restart keeps what was rewritten.
+   */
+  readonly configFile?: string
 }
 
 interface Running {
@@ -468,7 +473,7 @@ interface Running {
   readonly scope: Scope.CloseableScope
 }
 
-const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerError, Scope.Scope> =>
+export const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerError, Scope.Scope> =>
   Effect.gen(function*() {
     const dir = yield* Effect.acquireRelease(
       Effect.tryPromise({
@@ -480,12 +485,20 @@ const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerError, Sc
           Effect.zipRight(Effect.sync(() => leftovers().dirs.delete(dir)))
         )
     )
+    const configPath = config.configFile === undefined ? undefined : path.join(dir, "redis.conf")
+    if (configPath !== undefined) {
+      yield* Effect.tryPromise({
+        try: () => fs.writeFile(configPath, config.configFile ?? ""),
+        catch: (cause) => new RedisServerError({ message: `cannot write ${configPath}: ${String(cause)}`, cause })
+      })
+    }
     const lock = yield* Effect.makeSemaphore(1)
     const serialized = lock.withPermits(1)
     const current = yield* Ref.make(Option.none<Running>())
     const closed = yield* Ref.make(false)
 
     const argsFor = (port: number): ReadonlyArray<string> => [
+      ...(configPath === undefined ? [] : [configPath]),
       "--port",
       String(port),
       "--bind",
