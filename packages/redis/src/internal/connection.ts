@@ -5,8 +5,8 @@
  * per failing call). Also the opening of the connections `layerFrom` owns, with its URL check.
  */
 import type { Scope } from "effect"
-import { Duration, Effect, Queue } from "effect"
-import { Cluster, Redis } from "ioredis"
+import { Duration, Effect, Either, Queue } from "effect"
+import { Cluster, Redis, SentinelConnector } from "ioredis"
 import type { RedisOptions } from "ioredis"
 import type { Service } from "@lockstep/core/LockBackend"
 import { BackendError, backendClosed } from "@lockstep/core/LockError"
@@ -28,27 +28,54 @@ const firstLine = (text: string): string => {
   return (end < 0 ? text : text.slice(0, end)).trim()
 }
 
-/** `user:password@` of a URL, as `user:***@` (or `***@`): a password never reaches a message or a log. */
+/**
+ * `user:password@` of a URL, as `user:***@` (or `***@`), and the value of a `sentinelPassword`
+ * parameter as `***`: a password never reaches a message or a log.
+ */
 const redact = (url: string): string =>
   url.replace(
     /^([a-z][a-z0-9+.-]*:\/\/)([^@/]*)@/i,
     (_, scheme: string, userinfo: string) => `${scheme}${userinfo.includes(":") ? `${userinfo.split(":")[0]}:***` : "***"}@`
-  )
+  ).replace(/([?&]sentinelPassword=)[^&#]*/gi, "$1***")
 
-const hostPort = (host: unknown, port: unknown): string => {
+const hostPort = (host: unknown, port: unknown, defaultPort = 6379): string => {
   const name = typeof host === "string" && host !== "" ? host : "localhost"
-  return `${name.includes(":") ? `[${name}]` : name}:${typeof port === "number" || typeof port === "string" ? port : 6379}`
+  return `${name.includes(":") ? `[${name}]` : name}:${
+    typeof port === "number" || (typeof port === "string" && port !== "") ? port : defaultPort
+  }`
 }
 
-/** A cluster startup node as ioredis takes it: a port, a URL or `host:port`, or `{ host, port }`. */
-const describeNode = (node: unknown): string => {
+/** Where a sentinel listens unless told otherwise (ioredis's default too). */
+const SENTINEL_PORT = 26379
+
+/**
+ * A cluster startup node as ioredis takes it (a port, a URL or `host:port`, or `{ host, port }`),
+ * or a sentinel (`{ host, port }`, port 26379 unless given).
+ */
+const describeNode = (node: unknown, defaultPort = 6379): string => {
   if (typeof node === "number") return hostPort(undefined, node)
   if (typeof node === "string") return /^\d+$/.test(node) ? hostPort(undefined, node) : redact(node).replace(/^rediss?:\/\//i, "")
   if (typeof node === "object" && node !== null) {
     const { host, port } = node as { readonly host?: unknown; readonly port?: unknown }
-    return hostPort(host, port)
+    return hostPort(host, port, defaultPort)
   }
   return String(node)
+}
+
+/** Whether `options` reach a master through sentinels, as ioredis decides: any list, even an empty one (which it rejects). */
+const viaSentinels = (options: RedisOptions): boolean =>
+  options.sentinels !== undefined && options.sentinels !== null
+
+/** `Redis master "<name>" via sentinels <host:port>, ...`, as the errors of such a connection name it. */
+const describeSentinels = (options: RedisOptions): string => {
+  const name = typeof options.name === "string" && options.name !== "" ? JSON.stringify(options.name) : "(no name)"
+  const sentinels = options.sentinels ?? []
+  const tls = options.enableTLSForSentinelMode === true && options.tls !== undefined ? " (TLS)" : ""
+  return `Redis master ${name} via ${
+    sentinels.length === 0
+      ? "no sentinels"
+      : `sentinels ${sentinels.map((node) => describeNode(node, SENTINEL_PORT)).join(", ")}`
+  }${tls}`
 }
 
 /** Whether `client` is a cluster (also a cluster of a mock library, which says so in `isCluster`). */
@@ -63,15 +90,36 @@ export const describeEndpoint = (client: Client): string => {
   if (isCluster(client)) {
     // ioredis keeps the startup nodes in a field its types mark private
     const nodes = (client as unknown as { readonly startupNodes?: ReadonlyArray<unknown> }).startupNodes ?? []
-    return `Redis cluster ${nodes.map(describeNode).join(", ")}`
+    return `Redis cluster ${nodes.map((node) => describeNode(node)).join(", ")}`
   }
   const options: RedisOptions = (client as { readonly options?: RedisOptions }).options ?? {}
+  // ioredis prefers the sentinels to a path when it is given both
+  if (viaSentinels(options)) return describeSentinels(options)
   if (typeof options.path === "string" && options.path !== "") return `Redis ${options.path}`
-  if (options.sentinels !== undefined && options.sentinels !== null && options.sentinels.length > 0) {
-    return `Redis master "${options.name ?? "mymaster"}" via sentinels ${options.sentinels.map(describeNode).join(", ")}`
-  }
   return `Redis ${hostPort(options.host, options.port)}${options.tls === undefined ? "" : " (TLS)"}`
 }
+
+/**
+ * What ioredis reports after asking every sentinel in turn (and again after it connected to each
+ * master they named, one per attempt, and each refused): "All sentinels are unreachable. Retrying
+ * from scratch after 10ms. Last error: ..." (the last error only if a sentinel itself failed).
+ */
+const SENTINEL_ROUND = /^All sentinels are unreachable(?: and retry is disabled)?\.(?: Retrying from scratch after \d+ms\.)?(?: Last error: (.*))?$/
+
+/**
+ * A sentinel round that failed, by the last error of a sentinel: ioredis asks them on connections
+ * that never reconnect, whose error is "Connection is closed." whatever kept them from answering.
+ */
+const describeSentinelRound = (last: string | undefined): string =>
+  last === undefined
+    ? "All sentinels are unreachable"
+    : last === "Connection is closed."
+    ? "no sentinel answered"
+    : /No such master with that name/i.test(last)
+    ? `the sentinels know no master of that name (${last})`
+    : /^(NOAUTH|WRONGPASS)\b/.test(last)
+    ? `the sentinels refused the credentials (${last})`
+    : `All sentinels are unreachable (last error: ${last})`
 
 /**
  * One line about `error`: its message (first line), or what Node says inside an AggregateError
@@ -79,13 +127,38 @@ export const describeEndpoint = (client: Client): string => {
  */
 export const describeError = (error: unknown): string => {
   if (!(error instanceof Error)) return firstLine(String(error))
-  // ioredis's MaxRetriesPerRequestError ends with a pointer to its docs: not news in a log line
-  const own = firstLine(error.message).replace(/\s*Refer to "maxRetriesPerRequest" option for details\.$/, "")
+  // ioredis's MaxRetriesPerRequestError ends with a pointer to its docs, and its sentinel round
+  // says when it starts the next one: neither is news in a log line
+  const own = firstLine(error.message)
+    .replace(/\s*Refer to "maxRetriesPerRequest" option for details\.$/, "")
+    .replace(SENTINEL_ROUND, (_, last: string | undefined) => describeSentinelRound(last))
   const inner = "errors" in error && Array.isArray(error.errors) ? error.errors.map(describeError) : []
   const code = "code" in error && typeof error.code === "string" ? error.code : undefined
   const text = own !== "" ? own : inner.length > 0 ? inner.join("; ") : code ?? error.name
   const node: unknown = "lastNodeError" in error ? error.lastNodeError : undefined
   return node === undefined || node === null ? text : `${text} (last node error: ${describeError(node)})`
+}
+
+/**
+ * A sentinel round in which no sentinel failed: every sentinel answered, yet the connection is
+ * not up. Either each named a master that then refused the connection (whose own error says
+ * more), or none of them knows the master's name (a 'sentinelError' says so).
+ */
+const isQuietSentinelRound = (error: unknown): boolean => {
+  const round = error instanceof Error ? SENTINEL_ROUND.exec(firstLine(error.message)) : null
+  return round !== null && round[1] === undefined
+}
+
+/**
+ * A sentinel's answer that named no master, in words ("sentinel 10.0.0.5:26379 knows no master
+ * named "orders""), or undefined for the other 'sentinelError's (a sentinel that failed, which
+ * the round's own error reports).
+ */
+const describeSentinelAnswer = (error: unknown, name: unknown): string | undefined => {
+  const sentinel = error instanceof Error
+    ? /^connected to sentinel (\S+) successfully, but got an invalid reply: null$/.exec(firstLine(error.message))?.[1]
+    : undefined
+  return sentinel === undefined ? undefined : `sentinel ${sentinel} knows no master named ${JSON.stringify(name ?? "")}`
 }
 
 /** An error reply of the server (WRONGTYPE, NOSCRIPT, a script's error, ...): it answered. */
@@ -114,11 +187,157 @@ const isGivingUp = (error: unknown): boolean =>
  */
 const disconnectTimeout = 0
 
-const URL_SHAPE = "expected redis://[[username]:password@]host[:port][/db], rediss://... or a socket path"
+const URL_SHAPE =
+  "expected redis://[[username]:password@]host[:port][/db], rediss://..., redis+sentinel://... or a socket path"
+
+const SENTINEL_URL_SHAPE =
+  "expected redis+sentinel://[[username]:password@]host[:port][,host[:port]...]/<master name>[/<db>][?sentinelUsername=...&sentinelPassword=...]"
+
+/** The Sentinel schemes: plain, or TLS to the data nodes and the sentinels alike. */
+const SENTINEL_SCHEME = /^(rediss?)\+sentinel:\/\//i
+
+/** Whether `url` names a master through its sentinels (`redis+sentinel://`, `rediss+sentinel://`). */
+export const isSentinelUrl = (url: string): boolean => SENTINEL_SCHEME.test(url)
+
+/** What the query of a Sentinel URL may set: the credentials of the sentinels themselves. */
+const SENTINEL_PARAMETERS = ["sentinelUsername", "sentinelPassword"] as const
+
+/** A percent-decoded URL part, or undefined if it is malformed (`%zz`). */
+const decode = (part: string): string | undefined => {
+  try {
+    return decodeURIComponent(part)
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * The ioredis options of a Sentinel URL, or why it is none:
+ * `redis+sentinel://[[username]:password@]host[:port][,host[:port]...]/<master name>[/<db>]`, as
+ * redis-py's Sentinel URL packages and Prefect read it. The sentinels listen on 26379 unless a
+ * port is given (IPv6 in brackets); the credentials before `@` and the database are those of the
+ * data nodes; the sentinels' own, where they require any, are the query parameters
+ * `sentinelUsername` and `sentinelPassword`. `rediss+sentinel://` speaks TLS to both (trusting
+ * Node's default CAs: for other certificates, pass ioredis options). Every part is percent-decoded.
+ */
+export const sentinelOptions = (url: string): Either.Either<RedisOptions, string> => {
+  const scheme = SENTINEL_SCHEME.exec(url)
+  if (scheme === null) return Either.left(SENTINEL_URL_SHAPE)
+  const tls = scheme[1]!.toLowerCase() === "rediss"
+  let rest = url.slice(scheme[0].length)
+  if (rest.includes("#")) return Either.left("a fragment (#...) means nothing here")
+  const queryAt = rest.indexOf("?")
+  const query = queryAt < 0 ? "" : rest.slice(queryAt + 1)
+  if (queryAt >= 0) rest = rest.slice(0, queryAt)
+  const slash = rest.indexOf("/")
+  const authority = slash < 0 ? rest : rest.slice(0, slash)
+  const path = slash < 0 ? "" : rest.slice(slash)
+  const at = authority.lastIndexOf("@")
+  const hosts = authority.slice(at + 1)
+
+  if (hosts === "") return Either.left("no sentinel address")
+  const sentinels: Array<{ host: string; port: number }> = []
+  for (const address of hosts.split(",")) {
+    const parts = /^(?:\[([0-9a-f:.]+)\]|([a-z0-9._-]+))(?::(\d+))?$/i.exec(address)
+    if (parts === null) {
+      return Either.left(
+        address === "" ? "an empty sentinel address (two commas?)" : `${JSON.stringify(address)} is no host[:port]`
+      )
+    }
+    const port = parts[3] === undefined ? SENTINEL_PORT : Number(parts[3])
+    if (port < 1 || port > 65535) return Either.left(`port ${parts[3]} is out of range`)
+    sentinels.push({ host: parts[1] ?? parts[2]!, port })
+  }
+
+  // "/<name>", "/<name>/", "/<name>/<db>"
+  const segments = path === "" ? [] : path.slice(1).split("/")
+  if (segments[segments.length - 1] === "" && segments.length > 1) segments.pop()
+  if (segments.length === 0 || segments[0] === "") {
+    return Either.left("no master name (the path is /<master name>[/<db>])")
+  }
+  if (segments.length > 2) return Either.left(`the path must be /<master name>[/<db>], not ${path}`)
+  const name = decode(segments[0]!)
+  if (name === undefined || name === "") return Either.left("malformed master name")
+  const db = segments[1]
+  if (db !== undefined && !/^\d+$/.test(db)) return Either.left(`the database must be a number, not ${JSON.stringify(db)}`)
+
+  const options: RedisOptions = { sentinels, name }
+  if (db !== undefined) options.db = Number(db)
+  if (at >= 0) {
+    const userinfo = authority.slice(0, at)
+    const colon = userinfo.indexOf(":")
+    const username = decode(colon < 0 ? userinfo : userinfo.slice(0, colon))
+    const password = colon < 0 ? "" : decode(userinfo.slice(colon + 1))
+    if (username === undefined || password === undefined) return Either.left("malformed credentials")
+    if (username !== "") options.username = username
+    if (password !== "") options.password = password
+  }
+  // '+' is a plus sign here, not a space: a password that contains one needs no encoding
+  for (const parameter of query === "" ? [] : query.split("&")) {
+    const equals = parameter.indexOf("=")
+    const key = equals < 0 ? parameter : parameter.slice(0, equals)
+    const value = decode(equals < 0 ? "" : parameter.slice(equals + 1))
+    if (!(SENTINEL_PARAMETERS as ReadonlyArray<string>).includes(key)) {
+      return Either.left(`unknown parameter ${JSON.stringify(key)} (known: ${SENTINEL_PARAMETERS.join(", ")})`)
+    }
+    if (value === undefined) return Either.left(`malformed ${key}`)
+    if (value !== "") options[key as (typeof SENTINEL_PARAMETERS)[number]] = value
+  }
+  if (tls) {
+    options.tls = {}
+    options.sentinelTLS = {}
+    options.enableTLSForSentinelMode = true
+  }
+  return Either.right(options)
+}
+
+/**
+ * ioredis's `SentinelConnector`, whose own connections to the sentinels (one per sentinel asked
+ * for the master, and the failover detector's) wait for nothing once closed, like the rest of
+ * ours (see `disconnectTimeout`). ioredis gives them its default 2 s, whatever the connection's
+ * own setting: each one to a sentinel that was down (its socket closed already, so no 'close'
+ * clears the timer) or that did not answer kept the process alive for 2 s. Without the method it
+ * overrides (private in ioredis), it is ioredis's connector as it is.
+ */
+class ClosingAtOnce extends SentinelConnector {}
+{
+  type ConnectToSentinel = (this: unknown, endpoint: unknown, options?: object) => unknown
+  const connectToSentinel = (SentinelConnector.prototype as unknown as { readonly connectToSentinel?: ConnectToSentinel })
+    .connectToSentinel
+  if (typeof connectToSentinel === "function") {
+    Object.defineProperty(ClosingAtOnce.prototype, "connectToSentinel", {
+      value: function(this: unknown, endpoint: unknown, options?: object) {
+        return connectToSentinel.call(this, endpoint, { disconnectTimeout, ...options })
+      }
+    })
+  }
+}
+// ioredis types a connector's options as `unknown`, its own as `SentinelConnectionOptions`
+const SentinelConnectorClosingAtOnce = ClosingAtOnce as unknown as NonNullable<RedisOptions["Connector"]>
+
+/**
+ * Defaults of a connection through sentinels that `layerFrom` opens. `failoverDetector`: the
+ * connection also subscribes to `+switch-master` on the sentinels and reconnects (through them,
+ * to the new master) as soon as they announce a failover. Without it, a connection stays on the
+ * old master until the sentinels convert it into a replica (they close its clients then), several
+ * `INFO` / hello periods later (seconds; more than 8 with Redis's defaults): meanwhile the old
+ * master keeps granting and renewing locks that the promoted master, which other clients already
+ * use, knows nothing of. The cost: each connection keeps one more to every sentinel (at most 10).
+ * Every sentinel announces the switch, so a connection may reconnect once more to the same new
+ * master; what it had in flight is sent again, which every operation tolerates.
+ */
+const sentinelDefaults: RedisOptions = {
+  maxRetriesPerRequest: 2,
+  disconnectTimeout,
+  failoverDetector: true,
+  Connector: SentinelConnectorClosingAtOnce
+}
 
 /** Why `url` is no Redis URL ioredis would read as meant, if it is not one. */
 const urlProblem = (url: string): string | undefined => {
   if (url.startsWith("/") && !url.startsWith("//")) return undefined
+  // the Sentinel scheme as other clients spell it
+  if (/^[a-z]*[-+]?sentinel[-+]?[a-z]*:\/\//i.test(url)) return SENTINEL_URL_SHAPE
   if (!/^rediss?:\/\//i.test(url)) return URL_SHAPE
   let parsed: URL
   try {
@@ -139,10 +358,17 @@ const urlProblem = (url: string): string | undefined => {
 export const open = (connection: Connection): Effect.Effect<Client, BackendError, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.suspend(() => {
-      const endpoint = typeof connection === "string"
+      const sentinelUrl = typeof connection === "string" && isSentinelUrl(connection)
+        ? sentinelOptions(connection)
+        : undefined
+      const endpoint = sentinelUrl !== undefined && Either.isRight(sentinelUrl)
+        ? describeSentinels(sentinelUrl.right)
+        : typeof connection === "string"
         ? `Redis ${JSON.stringify(redact(connection))}`
         : "cluster" in connection
-        ? `Redis cluster ${connection.cluster.map(describeNode).join(", ")}`
+        ? `Redis cluster ${connection.cluster.map((node) => describeNode(node)).join(", ")}`
+        : viaSentinels(connection)
+        ? describeSentinels(connection)
         : typeof connection.path === "string"
         ? `Redis ${connection.path}`
         : `Redis ${hostPort(connection.host, connection.port)}`
@@ -155,21 +381,33 @@ export const open = (connection: Connection): Effect.Effect<Client, BackendError
             detail: `${what} (${problem})`
           })
         )
-      if (typeof connection === "string") {
+      if (sentinelUrl !== undefined) {
+        if (Either.isLeft(sentinelUrl)) return invalid("invalid Redis Sentinel URL", sentinelUrl.left)
+      } else if (typeof connection === "string") {
         const problem = urlProblem(connection)
         if (problem !== undefined) return invalid("invalid Redis URL", problem)
-      } else if ("cluster" in connection && connection.cluster.length === 0) {
-        return invalid("invalid cluster", "no startup nodes")
+      } else if ("cluster" in connection) {
+        if (connection.cluster.length === 0) return invalid("invalid cluster", "no startup nodes")
+      } else if (viaSentinels(connection)) {
+        if (connection.sentinels!.length === 0) return invalid("invalid Sentinel options", "no sentinels")
+        if (typeof connection.name !== "string" || connection.name === "") {
+          return invalid("invalid Sentinel options", "no master name: set `name`")
+        }
       }
       return Effect.try({
         try: (): Client => {
-          const client: Client = typeof connection === "string"
+          const client: Client = sentinelUrl !== undefined && Either.isRight(sentinelUrl)
+            ? new Redis({ ...sentinelDefaults, ...sentinelUrl.right })
+            : typeof connection === "string"
             ? new Redis(connection, { maxRetriesPerRequest: 2, disconnectTimeout })
             : "cluster" in connection
             ? new Cluster([...connection.cluster], {
               ...connection.options,
               redisOptions: { disconnectTimeout, ...connection.options?.redisOptions }
             })
+            : viaSentinels(connection)
+            // a copy of the list: ioredis adds the sentinels it discovers to the one it is given
+            ? new Redis({ ...sentinelDefaults, ...connection, sentinels: connection.sentinels!.map((s) => ({ ...s })) })
             : new Redis({ maxRetriesPerRequest: 2, disconnectTimeout, ...connection })
           // a connection of our own that nobody else sees: it never prints "Unhandled error event",
           // even after the backend's tracking listener is gone
@@ -194,7 +432,14 @@ export const subscriberFor = (client: Client): Client =>
       lazyConnect: true,
       redisOptions: { ...client.options.redisOptions, disconnectTimeout }
     })
-    : client.duplicate({ lazyConnect: true, disconnectTimeout })
+    : client.duplicate({
+      lazyConnect: true,
+      disconnectTimeout,
+      // through sentinels: our connection, so our connector (unless the client brings its own)
+      ...(viaSentinels(client.options ?? {}) && client.options.Connector === undefined
+        ? { Connector: SentinelConnectorClosingAtOnce }
+        : {})
+    })
 
 /**
  * Runs a (UN)SUBSCRIBE on `subscriber` once it is not handshaking. ioredis writes commands a
@@ -296,8 +541,17 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
     const silentSince = new Map<string, number>()
     let outage = false
 
+    /** Per connection through sentinels: what the sentinels last said about its master, since it was last ready. */
+    const sentinelAnswer = new Map<Role, string>()
+
     const onError = (role: Role, error: unknown) => {
-      const text = describeError(error)
+      let text = describeError(error)
+      if (isQuietSentinelRound(error)) {
+        // the sentinels answered: what they said, or else the master's own error, says more
+        const answer = sentinelAnswer.get(role)
+        if (answer !== undefined) text = answer
+        else if (lastError.has(role)) return
+      }
       lastError.set(role, { error, text })
       if (!outage) {
         outage = true
@@ -306,6 +560,7 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
     }
     const onReady = (role: Role) => {
       lastError.delete(role)
+      sentinelAnswer.delete(role)
       for (const route of silentSince.keys()) if (route.startsWith(role)) silentSince.delete(route)
       if (outage && lastError.size === 0) {
         outage = false
@@ -320,11 +575,18 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
           // 'error' is the cluster failing as a whole (no startup node answered)
           const error = (e: unknown) => onError(role, e)
           const ready = () => onReady(role)
+          const name = (watched as { readonly options?: RedisOptions }).options?.name
+          const sentinelError = (e: unknown) => {
+            const answer = describeSentinelAnswer(e, name)
+            if (answer !== undefined) sentinelAnswer.set(role, answer)
+          }
           watched.on("error", error)
           watched.on("ready", ready)
+          watched.on("sentinelError", sentinelError)
           return () => {
             watched.off("error", error)
             watched.off("ready", ready)
+            watched.off("sentinelError", sentinelError)
           }
         }),
         (remove) => Effect.sync(remove)
