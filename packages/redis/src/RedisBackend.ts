@@ -7,8 +7,9 @@
  * Waiters of one backend share one subscriber connection; a release wakes one of them (for a fair
  * lock: the head of the queue). Watchdog renewals that fall due together leave in one script.
  *
- * Every `BackendError` names the endpoint (`Redis host:port`, the socket path, or the cluster's
- * startup nodes) and, while a connection is down, the last error ioredis reported for it
+ * Every `BackendError` names the endpoint (`Redis host:port`, the socket path, the cluster's
+ * startup nodes, or a Sentinel master's name and sentinels) and, while a connection is down, the
+ * last error ioredis reported for it
  * (`connect ECONNREFUSED ...`, `WRONGPASS ...`); its `cause` is what the call itself failed with.
  * An outage is logged once (a warning with the endpoint and the error, then "reconnected"), not
  * once per failing call. The backend listens to its connections' 'error' events, so ioredis never
@@ -30,6 +31,7 @@ import type { Service } from "@lockstep/core/LockBackend"
 import type { BackendError } from "@lockstep/core/LockError"
 import * as tracking from "./internal/connection.js"
 import * as internal from "./internal/redisBackend.js"
+import * as replication from "./internal/replication.js"
 
 /**
  * A connection: a single server (`Redis`) or a cluster (`Cluster`).
@@ -81,7 +83,156 @@ export interface Tuning {
    * Redis Cluster refuses it (`InvalidLockOptions`). See the README's "Replicas and failover".
    */
   readonly quarantine?: { readonly longestLease?: Duration.DurationInput | undefined } | undefined
+  /**
+   * Replica acknowledgement (off by default): the writes a holder relies on must reach
+   * `replicas` replicas before the call that made them succeeds. See `Replication`.
+   */
+  readonly replication?: Replication | undefined
 }
+
+/**
+ * The `replication` tuning: replica acknowledgement of grants, renewals, fence raises and latch
+ * changes.
+ *
+ * Redis replicates asynchronously: a master that grants a lock and fails before the grant reached
+ * a replica loses it, and once that replica is promoted a second client can be granted the same
+ * lock. With this option every grant (an acquisition answered "granted", re-entries included),
+ * every renewal, every fence raise (`RedLock`) and every latch change (`setCount`, `countDown`) is
+ * followed by `WAIT replicas timeout` (with `aof`: `WAITAOF 0 replicas timeout`), sent on the same
+ * connection right behind the script (no extra round trip), and counts only once `replicas`
+ * replicas have acknowledged it:
+ * - an acquisition whose grant was not acknowledged fails with `BackendError` (its `cause` a
+ *   `ReplicationNotAcknowledged`, e.g. `1 of 2 replicas acknowledged the grant within 250ms`), and
+ *   the lock releases the grant, as after any failed attempt;
+ * - a renewal not acknowledged is not confirmed: that lease's renew result is a `BackendError`, it
+ *   keeps the deadline it had, and it is lost at that deadline (`LockLost`) unless a later renewal
+ *   is acknowledged;
+ * - a latch call or fence raise not acknowledged fails with that `BackendError` (latch calls can be
+ *   retried: each is applied once).
+ *
+ * Releases and cancels wait for no replica: a release lost with its master only leaves the lock
+ * held on the promoted replica until its lease runs out (the safe direction). Neither do reads,
+ * denied attempts or the waiting for a release.
+ *
+ * Cost: acknowledged calls go through a connection of their own, so a `WAIT` never holds up any
+ * other call (an inspection, a release); with healthy replicas each such call takes about one
+ * replica round trip longer. `WAIT` blocks that connection, so acknowledgements are grouped: one
+ * `WAIT` covers every script sent before it, at most one is in flight, and calls made meanwhile
+ * share the next. With the replicas missing, every acknowledged call fails after the timeout, and
+ * no call waits more than about twice the timeout however many are queued (the server ends a
+ * `WAIT` on its own timer, which may add up to 1/`hz`: 100 ms at the default `hz` 10). On a
+ * Redis Cluster a `WAIT` must run on the node that ran the script, so each call sends its own
+ * [script, WAIT] pipeline to its key's node: calls to one node queue behind each other's `WAIT`s
+ * (with that node's replicas missing, the k-th queued call waits about k timeouts, up to the
+ * command timeout).
+ *
+ * What it does not guarantee:
+ * - Acknowledgement is not consensus. A failover may promote a replica that did not acknowledge
+ *   (Sentinel prefers the most up-to-date replica, but a replica that lost its link can be
+ *   promoted, or be the only one left): only with `replicas` equal to the number of replicas is
+ *   every candidate known to have the grant. Pair it with the `quarantine` for the rest.
+ * - "Not acknowledged" does not undo the write: the master applied it, and the lock releases it
+ *   afterwards (best-effort). If the master fails before that release, a replica that received
+ *   the grant late keeps the lock held until its lease runs out.
+ * - Acknowledged means received by the replicas, in memory. A replica that restarts without
+ *   persistence loses it; `aof: true` (Redis 7.2 and later) waits until the replicas have written
+ *   it to their append-only file (fsynced as their `appendfsync` says).
+ * - `WAIT` confirms the writes its connection made. A call that writes nothing (a fence raise
+ *   below the current fence, a latch call repeated after its first copy was applied) is
+ *   confirmed up to this backend's own writes, not up to the writes of other clients it observed.
+ *
+ * Building the backend fails with `BackendError` (operation `"connect"`, its `cause` an
+ * `InvalidLockOptions` naming the field) when `replicas` is not a positive integer, the timeout
+ * is not a positive duration less than half the command timeout (a call may wait for two `WAIT`s),
+ * or `aof` is asked of a server without `WAITAOF` (checked with one `COMMAND INFO` at build, also
+ * by `make` and `layer`).
+ *
+ * @example
+ * ```ts
+ * import { Redis } from "ioredis"
+ * import { RedisBackend } from "@lockstep/redis"
+ *
+ * // every grant and renewal reaches both replicas of the master, or fails within ~200 ms
+ * const backend = RedisBackend.layer({
+ *   client: new Redis("redis://10.0.0.7:6379"),
+ *   replication: { replicas: 2, timeout: "200 millis" }
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Replication {
+  /** How many replicas must acknowledge each write: a positive integer. */
+  readonly replicas: number
+  /**
+   * How long the server waits for them (`WAIT`'s timeout), less than half the command timeout.
+   * Default 250 ms, or a quarter of the command timeout where that is shorter.
+   */
+  readonly timeout?: Duration.DurationInput | undefined
+  /**
+   * Wait until the replicas have written each write to their append-only file (`WAITAOF`, Redis
+   * 7.2 and later; replicas without `appendonly yes` never count), not only received it.
+   * Default false.
+   */
+  readonly aof?: boolean | undefined
+}
+
+/**
+ * Too few replicas acknowledged a write within the `replication` timeout. It is the `cause` of the
+ * `BackendError` the operation fails with (for a renewal, of that lease's renew result): for an
+ * acquisition, `operation` is `"grant"`, and the lock has released the grant.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Lock } from "@lockstep/core"
+ * import { RedisBackend } from "@lockstep/redis"
+ *
+ * const program = Effect.gen(function*() {
+ *   const lock = yield* Lock.make("orders:42")
+ *   yield* Effect.log("exclusive").pipe(Lock.withLock(lock))
+ * }).pipe(
+ *   Effect.catchTag("BackendError", (error) =>
+ *     error.cause instanceof RedisBackend.ReplicationNotAcknowledged
+ *       ? Effect.logWarning(`${error.cause.acknowledged} of ${error.cause.required} replicas acknowledged`)
+ *       : Effect.fail(error))
+ * )
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export const ReplicationNotAcknowledged: typeof replication.ReplicationNotAcknowledged =
+  replication.ReplicationNotAcknowledged
+
+/**
+ * @since 0.1.0
+ * @category errors
+ */
+export type ReplicationNotAcknowledged = replication.ReplicationNotAcknowledged
+
+/**
+ * Whether `error` is a `BackendError` caused by too few replica acknowledgements
+ * (`ReplicationNotAcknowledged`).
+ *
+ * @example
+ * ```ts
+ * import { LockError } from "@lockstep/core"
+ * import { RedisBackend } from "@lockstep/redis"
+ *
+ * const outage = new LockError.BackendError({ operation: "acquire", cause: new Error("ECONNRESET") })
+ * console.log(RedisBackend.isReplicationNotAcknowledged(outage)) // false
+ * ```
+ *
+ * @since 0.1.0
+ * @category guards
+ */
+export const isReplicationNotAcknowledged = (
+  error: unknown
+): error is BackendError & { readonly cause: ReplicationNotAcknowledged } =>
+  typeof error === "object" && error !== null && "_tag" in error && error._tag === "BackendError" &&
+  "cause" in error && error.cause instanceof replication.ReplicationNotAcknowledged
 
 /**
  * Options of `layer`: an existing client, which the backend borrows and never closes.
@@ -104,12 +255,29 @@ export interface Options extends Tuning {
 /**
  * What `layerFrom` connects to: a URL, ioredis options, or the nodes of a cluster.
  *
+ * URLs: `redis://[[username]:password@]host[:port][/db]`, `rediss://...` (TLS), a socket path, or
+ * a master that Redis Sentinel manages:
+ * `redis+sentinel://[[username]:password@]host[:port][,host[:port]...]/<master name>[/<db>]`,
+ * the form of redis-py's Sentinel URL packages and Prefect. The hosts are the sentinels (port
+ * 26379 unless given, IPv6 in brackets), the name is the master's as the sentinels monitor it.
+ * The credentials before `@` and the database are the data nodes'; sentinels that require
+ * credentials of their own take them as `?sentinelUsername=...&sentinelPassword=...` (no other
+ * parameter is accepted). Every part is percent-decoded: `%40` for `@` in a password, while `+`
+ * stays a plus sign. `rediss+sentinel://` speaks TLS to the sentinels and the data nodes alike,
+ * trusting Node's default CAs; for other certificates, or options the URL has no place for, pass
+ * ioredis options with `sentinels` and `name` instead.
+ *
  * @example
  * ```ts
  * import type { RedisBackend } from "@lockstep/redis"
  *
  * const single: RedisBackend.Connection = "redis://127.0.0.1:6379"
  * const cluster: RedisBackend.Connection = { cluster: [{ host: "127.0.0.1", port: 7000 }] }
+ * const sentinel: RedisBackend.Connection = "redis+sentinel://:secret@10.0.0.5,10.0.0.6,10.0.0.7/orders"
+ * const sentinelOptions: RedisBackend.Connection = {
+ *   sentinels: [{ host: "10.0.0.5", port: 26379 }, { host: "10.0.0.6", port: 26379 }],
+ *   name: "orders"
+ * }
  * ```
  *
  * @since 0.1.0
@@ -126,6 +294,11 @@ export type Connection =
  * closed with the scope. Nothing is sent to the server here: an unreachable server shows in the
  * first calls (as `BackendError`).
  *
+ * Only `replication` can fail it: a bad option, or `aof` on a server without `WAITAOF` (checked
+ * with one `COMMAND INFO`), fails it with `BackendError` (see `Replication`). With
+ * `replication`, a second duplicate connection, opened on the first grant, carries the scripts
+ * whose writes the replicas acknowledge.
+ *
  * @example
  * ```ts
  * import { Effect } from "effect"
@@ -141,15 +314,21 @@ export type Connection =
  * @since 0.1.0
  * @category constructors
  */
-export const make = (options: Options): Effect.Effect<Service, never, Scope.Scope> =>
-  Effect.flatMap(tracking.track(options.client, options), (tracker) => build(options.client, options, tracker))
+export const make: {
+  (options: Options & { readonly replication?: undefined }): Effect.Effect<Service, never, Scope.Scope>
+  (options: Options): Effect.Effect<Service, BackendError, Scope.Scope>
+} = (options: Options): Effect.Effect<Service, never, Scope.Scope> => {
+  const built = Effect.flatMap(tracking.track(options.client, options), (tracker) => build(options.client, options, tracker))
+  // only `replication` can fail the build (see `Replication`): the overloads say when
+  return built as Effect.Effect<Service, never, Scope.Scope>
+}
 
 /** The backend on `client`, which `tracker` follows; outages are logged while the scope is open. */
 const build = (
   client: Client,
   tuning: Tuning | undefined,
   tracker: tracking.Tracker
-): Effect.Effect<Service, never, Scope.Scope> =>
+): Effect.Effect<Service, BackendError, Scope.Scope> =>
   Effect.zipRight(
     Effect.forkScoped(tracker.report),
     Effect.map(internal.make(client, tuning, tracker), tracker.locateAll)
@@ -174,7 +353,12 @@ const build = (
  * @since 0.1.0
  * @category layers
  */
-export const layer = (options: Options): Layer.Layer<LockBackend> => Layer.scoped(LockBackend, make(options))
+export const layer: {
+  (options: Options & { readonly replication?: undefined }): Layer.Layer<LockBackend>
+  (options: Options): Layer.Layer<LockBackend, BackendError>
+} = (options: Options): Layer.Layer<LockBackend> =>
+  // only `replication` can fail the build (see `Replication`): the overloads say when
+  Layer.scoped(LockBackend, make(options) as Effect.Effect<Service, never, Scope.Scope>)
 
 /**
  * Provides `LockBackend` on connections the layer opens and closes itself.
@@ -185,12 +369,30 @@ export const layer = (options: Options): Layer.Layer<LockBackend> => Layer.scope
  * `lock backend failed during connect on Redis 10.0.0.7:6379: connect ECONNREFUSED 10.0.0.7:6379`,
  * and closes what it opened.
  *
+ * Through Sentinel (see `Connection`), the connections ask the sentinels for the master and follow
+ * it across failovers: commands, the waiters' subscriptions (waiters look at their locks again
+ * once that connection is back, so a release in between is not missed) and the watchdog's
+ * renewals. The connections also listen for the sentinels' `+switch-master` (ioredis's
+ * `failoverDetector`, turned on here unless the options turn it off) and move to the promoted
+ * replica as soon as it is announced. Without it they stay on the demoted master until the
+ * sentinels convert it into a replica, seconds later, and whatever was granted, renewed or
+ * released there meanwhile is lost: a lease not renewed on the new master expires there, and a
+ * lock released on the old one stays held on the new one until its lease ends. A client of your
+ * own through sentinels (`layer`) wants `failoverDetector: true` too. When the master dies, calls fail with
+ * `BackendError` until the sentinels have promoted a replica and the connection's next attempt
+ * (ioredis backs off 50 ms more per attempt, up to 2 s) reaches it. A failover loses what the old
+ * master had not yet replicated; see `Tuning.replication`. Sentinels that cannot help fail the
+ * layer within the command timeout, e.g. `lock backend failed during connect on Redis master
+ * "orders" via sentinels 10.0.0.5:26379, 10.0.0.6:26379: no sentinel answered (no answer from
+ * Redis within 2s)`, or `... the sentinels know no master of that name ...`.
+ *
  * @example
  * ```ts
  * import { RedisBackend } from "@lockstep/redis"
  *
  * const single = RedisBackend.layerFrom("redis://127.0.0.1:6379")
  * const cluster = RedisBackend.layerFrom({ cluster: [{ host: "127.0.0.1", port: 7000 }] })
+ * const sentinel = RedisBackend.layerFrom("redis+sentinel://10.0.0.5,10.0.0.6,10.0.0.7/orders")
  * ```
  *
  * @since 0.1.0
@@ -209,8 +411,9 @@ export const layerFrom = (connection: Connection, tuning?: Tuning): Layer.Layer<
 
 /**
  * Provides `LockBackend` on a connection to the URL in `REDIS_URL` (or the config given), opened
- * and closed by the layer. Like `layerFrom`, it fails with `BackendError` (operation `"connect"`)
- * when the server cannot be reached or refuses the password, or the URL is not a Redis URL.
+ * and closed by the layer: any URL `layerFrom` takes, `redis+sentinel://` included (see
+ * `Connection`). Like `layerFrom`, it fails with `BackendError` (operation `"connect"`) when the
+ * server cannot be reached or refuses the password, or the URL is not a Redis URL.
  *
  * @example
  * ```ts

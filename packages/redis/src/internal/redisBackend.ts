@@ -8,6 +8,7 @@ import { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } fr
 import type { Client, Tuning } from "../RedisBackend.js"
 import { subscriberFor, whenNotHandshaking } from "./connection.js"
 import type { Tracker } from "./connection.js"
+import * as replication from "./replication.js"
 import * as scripts from "./scripts.js"
 import { makeWakeups, wakeCode } from "./wakeups.js"
 
@@ -85,15 +86,23 @@ const isNoScript = (error: unknown) => error instanceof Error && error.message.s
 
 const asNumber = (value: unknown): number => Number(value)
 
+/** A renew reply that renewed at least one lease. */
+const renewedAny = (reply: unknown): boolean => Array.isArray(reply) && reply.some((answer) => answer === 1)
+
+/** An acquire reply that granted (a new hold, or a re-entry). */
+const isGrant = (reply: unknown): boolean => Array.isArray(reply) && Number(reply[0]) === 1
+
 /**
  * Builds the backend on `client` (borrowed: never closed here), which `connection` tracks. A
- * duplicate connection carries the subscriptions of all waiters; it is closed with the scope.
+ * duplicate connection carries the subscriptions of all waiters; with `replication`, another one
+ * carries the scripts whose writes the replicas acknowledge (replication.ts). Both are closed with
+ * the scope. Fails (BackendError "connect") only on a `replication` it cannot honour.
  */
 export const make = (
   client: Client,
   tuning: Tuning | undefined,
   connection: Tracker
-): Effect.Effect<LockBackend.Service, never, Scope.Scope> =>
+): Effect.Effect<LockBackend.Service, BackendError, Scope.Scope> =>
   Effect.gen(function*() {
     const clientId = crypto.randomUUID()
     const runtime = yield* Effect.runtime<never>()
@@ -116,6 +125,82 @@ export const make = (
         "commands",
         isCluster ? calculateSlot(keys[0]!) : undefined
       )
+
+    // replica acknowledgement (`replication`): checked before anything is opened; a mistake in it
+    // fails the build as a bad URL fails `layerFrom`, with BackendError "connect"
+    const replicated = yield* Effect.mapError(
+      replication.settingsOf(tuning),
+      (invalid) => connection.fail("connect", invalid)
+    )
+    if (replicated?.aof === true) {
+      const known = yield* connection.call("connect", () => replication.hasWaitAof(client))
+      if (!known) {
+        return yield* Effect.fail(connection.fail(
+          "connect",
+          new InvalidLockOptions({
+            field: "replication.aof",
+            reason: "the server has no WAITAOF (Redis 7.2 or later): use replication without aof, or upgrade the server"
+          })
+        ))
+      }
+    }
+    const acknowledged = replicated === undefined
+      ? undefined
+      : yield* replication.make(client, replicated, (c) => connection.watch(c, "commands"))
+
+    /**
+     * A script whose writes must reach the replicas before its caller relies on them: with
+     * `replication`, on the acknowledged connection with a WAIT behind it (see replication.ts);
+     * `needs(reply)` says whether this reply wrote something to confirm. Settles with the reply and
+     * the replicas that acknowledged it (undefined: not asked).
+     */
+    const runConfirmed = (
+      s: Script,
+      keys: ReadonlyArray<string>,
+      args: ReadonlyArray<string | number>,
+      needs: (reply: unknown) => boolean
+    ): Effect.Effect<replication.Outcome, BackendError> =>
+      acknowledged === undefined
+        ? Effect.map(run(s, keys, args), (reply) => ({ reply, acknowledged: undefined }))
+        : connection.call(
+          s.name,
+          () => acknowledged.run(s, keys, args, needs),
+          "commands",
+          isCluster ? calculateSlot(keys[0]!) : undefined
+        )
+
+    /** The error for `outcome`'s writes (a `what`) if too few replicas acknowledged them. */
+    const unconfirmed = (operation: string, what: replication.Confirmed, outcome: replication.Outcome) =>
+      replicated === undefined || outcome.acknowledged === undefined || outcome.acknowledged >= replicated.replicas
+        ? undefined
+        : connection.fail(
+          operation,
+          new replication.ReplicationNotAcknowledged({
+            operation: what,
+            required: replicated.replicas,
+            acknowledged: outcome.acknowledged,
+            timeout: replicated.timeout,
+            aof: replicated.aof
+          })
+        )
+
+    /**
+     * `run`, and with `replication` the reply only once the replicas acknowledged its writes (a
+     * `what`), or BackendError (operation: the script's name) caused by ReplicationNotAcknowledged.
+     */
+    const runAcknowledged = (
+      s: Script,
+      keys: ReadonlyArray<string>,
+      args: ReadonlyArray<string | number>,
+      what: replication.Confirmed,
+      needs: (reply: unknown) => boolean
+    ): Effect.Effect<unknown, BackendError> =>
+      acknowledged === undefined
+        ? run(s, keys, args)
+        : Effect.flatMap(runConfirmed(s, keys, args, needs), (outcome) => {
+          const error = unconfirmed(s.name, what, outcome)
+          return error === undefined ? Effect.succeed(outcome.reply) : Effect.fail(error)
+        })
 
     const subscriber = subscriberFor(client)
     // our own connection: it never prints "Unhandled error event", even after the tracking
@@ -193,7 +278,9 @@ export const make = (
           keys.push(epochKey)
         }
         return Effect.flatMap(
-          run(acquireScript, keys, args),
+          // a grant is confirmed by the replicas (with `replication`); a failure here is a
+          // BackendError, after which the caller releases what the attempt may have been granted
+          runAcknowledged(acquireScript, keys, args, "grant", isGrant),
           (reply): Effect.Effect<
             LockBackend.AcquireResult,
             BackendError | InvalidLockOptions | LockUpgradeNotSupported | NotHeld
@@ -266,20 +353,27 @@ export const make = (
           groups,
           (indexes) =>
             Effect.map(
-              run(
+              runConfirmed(
                 renewScript,
                 indexes.map((i) => requests[i]!.key),
-                indexes.flatMap((i) => [requests[i]!.holder, requests[i]!.leaseMs])
+                indexes.flatMap((i) => [requests[i]!.holder, requests[i]!.leaseMs]),
+                renewedAny
               ),
-              (reply) =>
-                indexes.map((index, j) => {
-                  const answer = (reply as Array<number | string>)[j]
+              (outcome) => {
+                // renewals the replicas did not acknowledge are not confirmed: each such lease keeps
+                // the deadline it had (a "not held" needs no acknowledgement: the lease is lost)
+                const notAcknowledged = unconfirmed("renew", "renewal", outcome)
+                return indexes.map((index, j) => {
+                  const answer = (outcome.reply as Array<number | string>)[j]
                   const result: LockBackend.RenewResult = typeof answer === "string"
                     // this lease's own error (a key of another type, say): the others are unaffected
                     ? Either.left(new BackendError({ operation: "renew", cause: new Error(answer) }))
+                    : answer === 1 && notAcknowledged !== undefined
+                    ? Either.left(notAcknowledged)
                     : Either.right(answer === 1)
                   return [index, result] as const
                 })
+              }
             ),
           { concurrency: "unbounded" }
         ),
@@ -340,12 +434,24 @@ export const make = (
       clientId,
       latchSetCount: ({ count, id, key }) =>
         Effect.flatMap(
-          run(latchSetCountScript, latchKeysOf(key), [id, count, latchCallMemoryMs, latchChannelOf(key)]),
+          runAcknowledged(
+            latchSetCountScript,
+            latchKeysOf(key),
+            [id, count, latchCallMemoryMs, latchChannelOf(key)],
+            "latch change",
+            (reply) => asNumber(reply) === 1
+          ),
           (reply) => Effect.map(latchReply(key, reply), (set) => set === 1)
         ),
       latchCountDown: ({ id, key }) =>
         Effect.flatMap(
-          run(latchCountDownScript, latchKeysOf(key), [id, latchCallMemoryMs, latchChannelOf(key)]),
+          runAcknowledged(
+            latchCountDownScript,
+            latchKeysOf(key),
+            [id, latchCallMemoryMs, latchChannelOf(key)],
+            "latch change",
+            (reply) => asNumber(reply) !== -1
+          ),
           (reply) => latchReply(key, reply)
         ),
       latchCount: (key) => Effect.flatMap(run(latchCountScript, latchKeysOf(key), []), (reply) => latchReply(key, reply)),
@@ -365,7 +471,8 @@ export const make = (
           run(forceReleaseScript, keysOf(key, `lockstep_force:{${key}}:${id}`), [forceReleaseMemoryMs]),
           (reply) => asNumber(reply) === 1
         ),
-      raiseFence: ({ fence, key, leaseMs }) => Effect.asVoid(run(raiseFenceScript, [keysOf(key)[1]!], [fence, leaseMs])),
+      raiseFence: ({ fence, key, leaseMs }) =>
+        Effect.asVoid(runAcknowledged(raiseFenceScript, [keysOf(key)[1]!], [fence, leaseMs], "fence raise", () => true)),
       cancel: ({ holder, key, leaseMs }) =>
         Effect.asVoid(
           run(cancelScript, keysOf(key, endedKeyOf(key, holder)), [holder, leaseMs, `${wakeCode(holder)}|${holder}`])
