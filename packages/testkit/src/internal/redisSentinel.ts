@@ -5,11 +5,11 @@
  * @since 0.1.0
  * @internal
  */
-import * as net from "node:net"
 import { Clock, Duration, Effect, Either, ExecutionStrategy, Exit, Option, Scope } from "effect"
 import type { Address, RedisServer } from "../RedisServer.js"
 import type { AwaitMasterOptions, Node, Options, RedisSentinel, Role } from "../RedisSentinel.js"
-import { HOST, launch, RedisServerError, serverBin } from "./redisServer.js"
+import type { Reply } from "./redisServer.js"
+import { call as callWithin, HOST, launch, RedisServerError, ReplyError, serverBin } from "./redisServer.js"
 import * as TcpProxy from "./tcpProxy.js"
 
 const DEFAULT_REPLICAS = 2
@@ -30,104 +30,10 @@ const CUT_ATTEMPTS = 3
 /** The priority Redis gives a replica by default. */
 const DEFAULT_PRIORITY = 100
 
-// ---------------------------------------------------------------------------------------------
-// RESP with arrays (sentinel and ROLE replies are arrays)
-// ---------------------------------------------------------------------------------------------
 
-/** A RESP2 reply; error replies fail the call instead. */
-export type Reply = string | number | null | ReadonlyArray<Reply>
-
-type Parsed =
-  | { readonly _tag: "Incomplete" }
-  | { readonly _tag: "Value"; readonly value: Reply; readonly end: number }
-  | { readonly _tag: "Error"; readonly message: string }
-
-const incomplete: Parsed = { _tag: "Incomplete" }
-
-const parse = (buffer: Buffer, start: number): Parsed => {
-  const lineEnd = buffer.indexOf("\r\n", start)
-  if (lineEnd < 0) return incomplete
-  const type = String.fromCharCode(buffer[start] ?? 0)
-  const line = buffer.toString("utf8", start + 1, lineEnd)
-  const next = lineEnd + 2
-  switch (type) {
-    case "+":
-      return { _tag: "Value", value: line, end: next }
-    case ":":
-      return { _tag: "Value", value: Number(line), end: next }
-    case "-":
-      return { _tag: "Error", message: line }
-    case "$": {
-      const length = Number(line)
-      if (length < 0) return { _tag: "Value", value: null, end: next }
-      if (buffer.length < next + length + 2) return incomplete
-      return { _tag: "Value", value: buffer.toString("utf8", next, next + length), end: next + length + 2 }
-    }
-    case "*": {
-      const length = Number(line)
-      if (length < 0) return { _tag: "Value", value: null, end: next }
-      const items: Array<Reply> = []
-      let offset = next
-      for (let i = 0; i < length; i++) {
-        const item = parse(buffer, offset)
-        if (item._tag !== "Value") return item
-        items.push(item.value)
-        offset = item.end
-      }
-      return { _tag: "Value", value: items, end: offset }
-    }
-    default:
-      return { _tag: "Error", message: `unsupported reply type ${JSON.stringify(type)}` }
-  }
-}
-
-const encode = (args: ReadonlyArray<string>): string =>
-  `*${args.length}\r\n${args.map((arg) => `$${Buffer.byteLength(arg)}\r\n${arg}\r\n`).join("")}`
-
-/** The cause of a call's failure when the server answered with an error reply. */
-export class ReplyError extends Error {}
-
-/** Sends one command on a fresh connection and reads its reply, within `timeout`. */
-export const call = (
-  port: number,
-  args: ReadonlyArray<string>,
-  timeout: Duration.Duration = CALL_TIMEOUT
-): Effect.Effect<Reply, RedisServerError> =>
-  Effect.async<Reply, RedisServerError>((resume) => {
-    const socket = net.createConnection({ host: HOST, port })
-    let buffer = Buffer.alloc(0)
-    let settled = false
-    const settle = (effect: Effect.Effect<Reply, RedisServerError>) => {
-      if (settled) return
-      settled = true
-      socket.destroy()
-      resume(effect)
-    }
-    const fail = (message: string, cause?: unknown) =>
-      settle(Effect.fail(new RedisServerError({ message: `${args.join(" ")} on ${HOST}:${port}: ${message}`, cause })))
-    socket.setNoDelay(true)
-    socket.on("connect", () => socket.write(encode(args)))
-    socket.on("data", (chunk: Buffer) => {
-      buffer = Buffer.concat([buffer, chunk])
-      const parsed = parse(buffer, 0)
-      if (parsed._tag === "Value") settle(Effect.succeed(parsed.value))
-      else if (parsed._tag === "Error") fail(parsed.message, new ReplyError(parsed.message))
-    })
-    socket.on("error", (error) => fail(error.message, error))
-    socket.on("close", () => fail("connection closed before a reply"))
-    return Effect.sync(() => {
-      settled = true
-      socket.destroy()
-    })
-  }).pipe(
-    Effect.timeoutFail({
-      duration: timeout,
-      onTimeout: () =>
-        new RedisServerError({
-          message: `${args.join(" ")} on ${HOST}:${port}: no reply within ${Duration.format(timeout)}`
-        })
-    })
-  )
+/** One command on a fresh connection to `port`, within `timeout`. */
+const call = (port: number, args: ReadonlyArray<string>, timeout: Duration.Duration = CALL_TIMEOUT) =>
+  callWithin(port, args, timeout)
 
 const text = (reply: Reply): string => (typeof reply === "string" ? reply : "")
 

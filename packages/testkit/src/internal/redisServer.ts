@@ -186,49 +186,70 @@ export const freePort = (cluster: boolean): Effect.Effect<number, RedisServerErr
 // RESP over node:net
 // ---------------------------------------------------------------------------------------------
 
-const encodeCommand = (args: ReadonlyArray<string>): string =>
-  `*${args.length}\r\n${args.map((arg) => `$${Buffer.byteLength(arg)}\r\n${arg}\r\n`).join("")}`
+/** A RESP2 reply; error replies fail the call instead. */
+export type Reply = string | number | null | ReadonlyArray<Reply>
 
 type Parsed =
   | { readonly _tag: "Incomplete" }
-  | { readonly _tag: "Value"; readonly value: string | null }
+  | { readonly _tag: "Value"; readonly value: Reply; readonly end: number }
   | { readonly _tag: "Error"; readonly message: string }
 
-/** Parses one simple-string, error, integer or bulk reply (arrays are not needed here). */
-const parseReply = (buffer: Buffer): Parsed => {
-  const lineEnd = buffer.indexOf("\r\n")
-  if (lineEnd < 0) return { _tag: "Incomplete" }
-  const type = String.fromCharCode(buffer[0] ?? 0)
-  const line = buffer.subarray(1, lineEnd).toString("utf8")
+const incomplete: Parsed = { _tag: "Incomplete" }
+
+const parse = (buffer: Buffer, start: number): Parsed => {
+  const lineEnd = buffer.indexOf("\r\n", start)
+  if (lineEnd < 0) return incomplete
+  const type = String.fromCharCode(buffer[start] ?? 0)
+  const line = buffer.toString("utf8", start + 1, lineEnd)
+  const next = lineEnd + 2
   switch (type) {
     case "+":
+      return { _tag: "Value", value: line, end: next }
     case ":":
-      return { _tag: "Value", value: line }
+      return { _tag: "Value", value: Number(line), end: next }
     case "-":
       return { _tag: "Error", message: line }
     case "$": {
       const length = Number(line)
-      if (length < 0) return { _tag: "Value", value: null }
-      const start = lineEnd + 2
-      if (buffer.length < start + length + 2) return { _tag: "Incomplete" }
-      return { _tag: "Value", value: buffer.subarray(start, start + length).toString("utf8") }
+      if (length < 0) return { _tag: "Value", value: null, end: next }
+      if (buffer.length < next + length + 2) return incomplete
+      return { _tag: "Value", value: buffer.toString("utf8", next, next + length), end: next + length + 2 }
+    }
+    case "*": {
+      const length = Number(line)
+      if (length < 0) return { _tag: "Value", value: null, end: next }
+      const items: Array<Reply> = []
+      let offset = next
+      for (let i = 0; i < length; i++) {
+        const item = parse(buffer, offset)
+        if (item._tag !== "Value") return item
+        items.push(item.value)
+        offset = item.end
+      }
+      return { _tag: "Value", value: items, end: offset }
     }
     default:
       return { _tag: "Error", message: `unsupported reply type ${JSON.stringify(type)}` }
   }
 }
 
-/** Sends one command on a fresh connection and reads one reply, within `timeout`. */
-export const command = (
+const encode = (args: ReadonlyArray<string>): string =>
+  `*${args.length}\r\n${args.map((arg) => `$${Buffer.byteLength(arg)}\r\n${arg}\r\n`).join("")}`
+
+/** The cause of a call's failure when the server answered with an error reply. */
+export class ReplyError extends Error {}
+
+/** Sends one command on a fresh connection and reads its reply, within `timeout`. */
+export const call = (
   port: number,
   args: ReadonlyArray<string>,
   timeout: Duration.Duration
-): Effect.Effect<string | null, RedisServerError> =>
-  Effect.async<string | null, RedisServerError>((resume) => {
+): Effect.Effect<Reply, RedisServerError> =>
+  Effect.async<Reply, RedisServerError>((resume) => {
     const socket = net.createConnection({ host: HOST, port })
     let buffer = Buffer.alloc(0)
     let settled = false
-    const settle = (effect: Effect.Effect<string | null, RedisServerError>) => {
+    const settle = (effect: Effect.Effect<Reply, RedisServerError>) => {
       if (settled) return
       settled = true
       socket.destroy()
@@ -237,14 +258,12 @@ export const command = (
     const fail = (message: string, cause?: unknown) =>
       settle(Effect.fail(new RedisServerError({ message: `${args.join(" ")} on ${HOST}:${port}: ${message}`, cause })))
     socket.setNoDelay(true)
-    socket.on("connect", () => {
-      socket.write(encodeCommand(args))
-    })
+    socket.on("connect", () => socket.write(encode(args)))
     socket.on("data", (chunk: Buffer) => {
       buffer = Buffer.concat([buffer, chunk])
-      const parsed = parseReply(buffer)
+      const parsed = parse(buffer, 0)
       if (parsed._tag === "Value") settle(Effect.succeed(parsed.value))
-      else if (parsed._tag === "Error") fail(parsed.message)
+      else if (parsed._tag === "Error") fail(parsed.message, new ReplyError(parsed.message))
     })
     socket.on("error", (error) => fail(error.message, error))
     socket.on("close", () => fail("connection closed before a reply"))
@@ -261,6 +280,15 @@ export const command = (
         })
     })
   )
+
+/** `call` for the replies the launcher reads as text: a string, an integer as text, or null. */
+export const command = (
+  port: number,
+  args: ReadonlyArray<string>,
+  timeout: Duration.Duration
+): Effect.Effect<string | null, RedisServerError> =>
+  Effect.map(call(port, args, timeout), (reply) =>
+    typeof reply === "number" ? String(reply) : typeof reply === "string" || reply === null ? reply : JSON.stringify(reply))
 
 /**
  * One PING; succeeds on PONG, and on NOAUTH: a server started with `--requirepass` answers an
