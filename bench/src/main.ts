@@ -21,6 +21,7 @@ import * as s6 from "./s6-fair-queue.js"
 import * as s7 from "./s7-memory.js"
 import * as s8 from "./s8-commands.js"
 import * as s9 from "./s9-sql.js"
+import * as s10 from "./s10-failover.js"
 import type { Env } from "./shared.js"
 import { connect, flushAll, fmt, gcAvailable, info, logLines, now, quietLogger, resetLogLines } from "./shared.js"
 
@@ -37,7 +38,8 @@ const scenarios: ReadonlyArray<{ readonly id: string; readonly run: (env: Env) =
   { id: "6", run: s6.run },
   { id: "7", run: s7.run },
   { id: "8", run: s8.run },
-  { id: "9", run: s9.run }
+  { id: "9", run: s9.run },
+  { id: "10", run: s10.run }
 ]
 
 const resultsFile = new URL("../results/latest.json", import.meta.url)

@@ -265,6 +265,20 @@ export interface LoopOptions {
   readonly cycles?: number | undefined
   /** Record the wait of every acquisition (from the call to the grant). */
   readonly trackWaits?: boolean | undefined
+  /** Record the time of every successful cycle (from the lock call to the unlock's return). */
+  readonly trackLatencies?: boolean | undefined
+}
+
+/** Percentiles of the cycle times of one loop, ms. */
+export interface Latencies {
+  readonly p50: number
+  readonly p99: number
+  readonly max: number
+}
+
+const latenciesOf = (samples: ReadonlyArray<number>): Latencies => {
+  const sorted = [...samples].sort((a, b) => a - b)
+  return { p50: percentile(sorted, 50), p99: percentile(sorted, 99), max: sorted[sorted.length - 1] ?? NaN }
 }
 
 export interface LoopResult {
@@ -272,6 +286,8 @@ export interface LoopResult {
   readonly count: number
   /** Longest acquisition wait, ms (NaN when not tracked). */
   readonly maxWaitMs: number
+  /** Cycle times of the cycles counted (only when tracked). */
+  readonly latencyMs?: Latencies | undefined
   readonly failures: Failures
 }
 
@@ -283,6 +299,8 @@ export const runLoop = (locker: Locker, options: LoopOptions): Effect.Effect<Loo
   const endAt = options.endAt ?? Infinity
   const cycles = options.cycles ?? Infinity
   const track = options.trackWaits === true
+  const cycleTimes: Array<number> | undefined = options.trackLatencies === true ? [] : undefined
+  const latencyMs = () => (cycleTimes === undefined ? undefined : latenciesOf(cycleTimes))
   const lock = locker.lock
   if (lock !== undefined) {
     return Effect.promise(async () => {
@@ -298,12 +316,16 @@ export const runLoop = (locker: Locker, options: LoopOptions): Effect.Effect<Loo
           if (track) maxWaitMs = Math.max(maxWaitMs, now() - started)
           if (options.holdMs > 0) await sleep(options.holdMs)
           await release()
-          if (now() <= endAt) count++
+          const ended = now()
+          if (ended <= endAt) {
+            count++
+            cycleTimes?.push(ended - started)
+          }
         } catch (error) {
           addFailure(failures, error)
         }
       }
-      return { count, maxWaitMs, failures }
+      return { count, maxWaitMs, latencyMs: latencyMs(), failures }
     })
   }
   return Effect.gen(function*() {
@@ -323,10 +345,17 @@ export const runLoop = (locker: Locker, options: LoopOptions): Effect.Effect<Loo
       attempts++
       started = now()
       const result = yield* Effect.either(cycle)
-      if (result._tag === "Left") addFailure(failures, result.left)
-      else if (now() <= endAt) count++
+      if (result._tag === "Left") {
+        addFailure(failures, result.left)
+        continue
+      }
+      const ended = now()
+      if (ended <= endAt) {
+        count++
+        cycleTimes?.push(ended - started)
+      }
     }
-    return { count, maxWaitMs, failures }
+    return { count, maxWaitMs, latencyMs: latencyMs(), failures }
   })
 }
 

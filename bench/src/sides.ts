@@ -4,7 +4,7 @@
  * default retry settings, except that they wait as long as it takes (no acquire timeout).
  */
 import type { Scope } from "effect"
-import { Context, Effect, Layer } from "effect"
+import { Context, Duration, Effect, Layer } from "effect"
 import { DistributedSemaphore, RedisBacking } from "effect-distributed-lock"
 import { Mutex } from "redis-semaphore"
 import Redlock from "redlock"
@@ -26,11 +26,22 @@ export type SideId =
   | "redis-semaphore"
   | "effect-distributed-lock"
   | "effect-distributed-lock-poll"
+  | "failover-default"
+  | "failover-replicas-1"
+  | "failover-replicas-2"
+  | "failover-quarantine"
+  | "failover-both"
+
+/** What a scenario may set when it opens a side; sides it does not apply to ignore it. */
+export interface OpenOptions {
+  /** The lock's watchdog (the lease it keeps renewing), ms. */
+  readonly watchdogMs?: number | undefined
+}
 
 export interface Side {
   readonly id: SideId
   readonly name: string
-  readonly open: (url: string, key: string) => Effect.Effect<Locker, never, Scope.Scope>
+  readonly open: (url: string, key: string, options?: OpenOptions) => Effect.Effect<Locker, never, Scope.Scope>
 }
 
 /** A connection of its own with `return 1` loaded: one EVALSHA round trip per call. */
@@ -195,6 +206,37 @@ const edlPoll = effectDistributedLock(
   false
 )
 
+/**
+ * lockstep's Lock on `RedisBackend.layerFrom(url, tuning)`: the backend opens its own connections,
+ * so `url` may be a plain `redis://` URL or a `redis+sentinel://` one. The failover options are
+ * given the lock's watchdog where they need a lease bound (`quarantine.longestLease`).
+ */
+const lockstepTuned = (id: SideId, name: string, tuning: (watchdogMs: number) => RedisBackend.Tuning): Side => ({
+  id,
+  name,
+  open: (url, key, options) =>
+    Effect.gen(function*() {
+      const watchdogMs = options?.watchdogMs ?? 30_000
+      const context = yield* Effect.orDie(Layer.build(RedisBackend.layerFrom(url, tuning(watchdogMs))))
+      const lock = yield* Effect.orDie(Effect.provide(Lock.make(key, { watchdog: Duration.millis(watchdogMs) }), context))
+      return { withLock: <A, E>(body: Effect.Effect<A, E>) => Lock.withLock(body, lock) }
+    })
+})
+
+const quarantineOf = (watchdogMs: number) => ({ longestLease: Duration.millis(watchdogMs) })
+
+/** The Redis backend's opt-in failover options, one side each, and both together (scenario 10). */
+export const failoverSides = {
+  none: lockstepTuned("failover-default", "default options", () => ({})),
+  replicas1: lockstepTuned("failover-replicas-1", "replication: { replicas: 1 }", () => ({ replication: { replicas: 1 } })),
+  replicas2: lockstepTuned("failover-replicas-2", "replication: { replicas: 2 }", () => ({ replication: { replicas: 2 } })),
+  quarantine: lockstepTuned("failover-quarantine", "quarantine", (watchdogMs) => ({ quarantine: quarantineOf(watchdogMs) })),
+  both: lockstepTuned("failover-both", "replicas: 2 + quarantine", (watchdogMs) => ({
+    replication: { replicas: 2 },
+    quarantine: quarantineOf(watchdogMs)
+  }))
+} as const
+
 export const sides = {
   baselineEvalsha,
   floorEffectEvalsha,
@@ -221,4 +263,5 @@ export const uncontendedSides = [
   sides.edlPoll
 ]
 
-export const sideById = (id: string): Side | undefined => Object.values(sides).find((side) => side.id === id)
+export const sideById = (id: string): Side | undefined =>
+  [...Object.values(sides), ...Object.values(failoverSides)].find((side) => side.id === id)

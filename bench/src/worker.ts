@@ -1,21 +1,29 @@
 /**
- * A worker process of scenarios 1 and 3, driven over IPC by its parent: `open` a side's lock on a
+ * A worker process of scenarios 1, 3 and 10, driven over IPC by its parent: `open` a side's lock on a
  * key (its own connection), `run` the lock/hold/unlock loop in a given time window (and report the
  * process's CPU time it took), `close`, `exit`. Exits when the parent goes away.
  */
 import { Effect, Exit, Queue, Scope } from "effect"
 import type { Locker, LoopResult } from "./shared.js"
 import { cpuMsSince, now, runLoop, sleep } from "./shared.js"
+import type { OpenOptions } from "./sides.js"
 import { sideById } from "./sides.js"
 
 export type Command =
-  | { readonly type: "open"; readonly side: string; readonly url: string; readonly key: string }
+  | {
+    readonly type: "open"
+    readonly side: string
+    readonly url: string
+    readonly key: string
+    readonly options?: OpenOptions | undefined
+  }
   | {
     readonly type: "run"
     readonly startAtEpochMs: number
     readonly windowMs: number
     readonly holdMs: number
     readonly trackWaits: boolean
+    readonly trackLatencies?: boolean | undefined
   }
   | { readonly type: "close" }
   | { readonly type: "exit" }
@@ -49,7 +57,7 @@ const main = Effect.gen(function*() {
           break
         }
         scope = yield* Scope.make()
-        locker = yield* Scope.extend(side.open(command.url, command.key), scope)
+        locker = yield* Scope.extend(side.open(command.url, command.key, command.options), scope)
         send({ type: "opened" })
         break
       }
@@ -65,7 +73,8 @@ const main = Effect.gen(function*() {
         const result = yield* runLoop(locker, {
           holdMs: command.holdMs,
           endAt: startAt + command.windowMs,
-          trackWaits: command.trackWaits
+          trackWaits: command.trackWaits,
+          trackLatencies: command.trackLatencies
         })
         send({ type: "done", result, cpuMs: cpuMsSince(cpu) })
         break
