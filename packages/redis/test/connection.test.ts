@@ -8,7 +8,7 @@
 import { afterAll, assert, describe, it } from "@effect/vitest"
 import * as net from "node:net"
 import type { Scope } from "effect"
-import { ConfigProvider, Context, Effect, Exit, Fiber, Layer, Logger, Option } from "effect"
+import { Cause, ConfigProvider, Context, Effect, Exit, Fiber, Layer, Logger, Option } from "effect"
 import { Redis } from "ioredis"
 import type { RedisOptions } from "ioredis"
 import { Lock } from "@lockstep/core"
@@ -225,6 +225,24 @@ describe.runIf(runnable)("Redis backend: unreachable servers and lost connection
         assert.notInclude(error.message, "hunter2")
         if (!url.includes("hunter2")) assert.include(error.message, JSON.stringify(url))
         console.log(`[connection] ${JSON.stringify(url)}: ${error.message}`)
+      }
+    }))
+
+  it.effect("a password with '/', '@' or '&' in it, or given as a parameter, never reaches the message", () =>
+    Effect.gen(function*() {
+      for (
+        const url of [
+          "redis://:se/cr3t@127.0.0.1:99999/0",
+          "redis://user:se@cr3t@127.0.0.1:99999/0",
+          "redis://127.0.0.1:99999/0?password=se/cr3t",
+          "redis+sentinel://:se/cr3t@127.0.0.1:1/locks",
+          "redis+sentinel://127.0.0.1:99999/locks?sentinelPassword=se&cr3t"
+        ]
+      ) {
+        const { exit } = yield* build(RedisBackend.layerFrom(url, { commandTimeout: "300 millis" }))
+        assert.isTrue(Exit.isFailure(exit), url)
+        // the whole failure, causes and all
+        assert.notInclude(JSON.stringify(exit) + String(Exit.isFailure(exit) ? Cause.pretty(exit.cause) : ""), "cr3t", url)
       }
     }))
 

@@ -18,7 +18,7 @@ import type { FiberRefs, Tracer } from "effect"
 import type { Lease, LeaseState } from "../Lease.js"
 import type { AcquireRequest, AcquireResult, HoldMode, Service } from "../LockBackend.js"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported } from "../LockError.js"
-import { LockLost, LockTimeout, SelfDeadlock } from "../LockError.js"
+import { isBackendClosed, LockLost, LockTimeout, SelfDeadlock } from "../LockError.js"
 import type { Entry } from "./keeper.js"
 import { awaitWakeUp, driftMs, keeperOf, monotonicMillis } from "./keeper.js"
 import type { HandleLabels, Outcome } from "./metrics.js"
@@ -425,7 +425,8 @@ const attemptGrant = (
   if (retry === undefined || timeoutMs === 0) return attemptOnce(spec, permits, timeoutMs, restore)
   return Effect.flatMap(Effect.zip(Schedule.driver(retry), monotonicMillis), ([driver, startedAt]) => {
     const from = (left: number | undefined): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
-      Effect.catchIf(attemptOnce(spec, permits, left, restore), (error) => error._tag === "BackendError", (error) =>
+      // a closed backend never answers again: nothing to retry
+      Effect.catchIf(attemptOnce(spec, permits, left, restore), (error): error is BackendError => error._tag === "BackendError" && !isBackendClosed(error), (error) =>
         Effect.matchEffect(restore(driver.next(error)), {
           onFailure: () => Effect.fail(error),
           onSuccess: () =>
@@ -561,6 +562,11 @@ const noTimeLeft = Effect.succeed(Duration.zero)
 class LeaseImpl implements Lease {
   /** How the lease ended, once its scope closed. */
   ended: "Released" | "Lost" | undefined = undefined
+  readonly [heldOf]: Held
+  // read when run, not when the property is read: a lease kept past its scope answers for then
+  readonly expiresIn: Effect.Effect<Duration.Duration>
+  readonly lost: Effect.Effect<never, LockLost>
+  readonly state: Effect.Effect<LeaseState>
   constructor(
     readonly key: string,
     readonly holder: string,
@@ -570,16 +576,9 @@ class LeaseImpl implements Lease {
     record: Held
   ) {
     this[heldOf] = record
-  }
-  readonly [heldOf]: Held
-  get expiresIn(): Effect.Effect<Duration.Duration> {
-    return this.ended !== undefined || this[heldOf].dead ? noTimeLeft : this[heldOf].expiresIn
-  }
-  get lost(): Effect.Effect<never, LockLost> {
-    return this[heldOf].lost
-  }
-  get state(): Effect.Effect<LeaseState> {
-    return Effect.sync(() => this.ended ?? (this[heldOf].dead ? "Lost" : "Held"))
+    this.expiresIn = Effect.suspend(() => (this.ended !== undefined || record.dead ? noTimeLeft : record.expiresIn))
+    this.lost = record.lost
+    this.state = Effect.sync(() => this.ended ?? (record.dead ? "Lost" : "Held"))
   }
 }
 

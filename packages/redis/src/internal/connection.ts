@@ -17,7 +17,7 @@ import { makeDeadlines } from "./deadlines.js"
 export const commandTimeout = (tuning?: Tuning): Duration.Duration => Duration.decode(tuning?.commandTimeout ?? "2 seconds")
 
 /** Which connection of a backend: the one its commands go through, or the one its subscriptions use. */
-export type Role = "commands" | "subscriber"
+export type Role = "commands" | "subscriber" | "acknowledged"
 
 // ---------------------------------------------------------------------------------------------
 // descriptions
@@ -32,11 +32,19 @@ const firstLine = (text: string): string => {
  * `user:password@` of a URL, as `user:***@` (or `***@`), and the value of a `sentinelPassword`
  * parameter as `***`: a password never reaches a message or a log.
  */
-const redact = (url: string): string =>
-  url.replace(
-    /^([a-z][a-z0-9+.-]*:\/\/)([^@/]*)@/i,
-    (_, scheme: string, userinfo: string) => `${scheme}${userinfo.includes(":") ? `${userinfo.split(":")[0]}:***` : "***"}@`
-  ).replace(/([?&]sentinelPassword=)[^&#]*/gi, "$1***")
+const redact = (url: string): string => {
+  const scheme = /^[a-z][a-z0-9+.-]*:\/\//i.exec(url)?.[0]
+  // a password may hold '/', '@' or '?': the userinfo ends at the last '@'
+  const at = url.lastIndexOf("@")
+  let out = url
+  if (scheme !== undefined && at > scheme.length) {
+    const userinfo = url.slice(scheme.length, at)
+    const colon = userinfo.indexOf(":")
+    out = `${scheme}${colon < 0 ? "***" : `${userinfo.slice(0, colon)}:***`}${url.slice(at)}`
+  }
+  // every password-like parameter, whatever follows it
+  return out.replace(/([?&](?:sentinel)?password=).*$/i, "$1***")
+}
 
 const hostPort = (host: unknown, port: unknown, defaultPort = 6379): string => {
   const name = typeof host === "string" && host !== "" ? host : "localhost"
@@ -241,7 +249,7 @@ export const sentinelOptions = (url: string): Either.Either<RedisOptions, string
     const parts = /^(?:\[([0-9a-f:.]+)\]|([a-z0-9._-]+))(?::(\d+))?$/i.exec(address)
     if (parts === null) {
       return Either.left(
-        address === "" ? "an empty sentinel address (two commas?)" : `${JSON.stringify(address)} is no host[:port]`
+        address === "" ? "an empty sentinel address (two commas?)" : "a sentinel address is no host[:port]"
       )
     }
     const port = parts[3] === undefined ? SENTINEL_PORT : Number(parts[3])
@@ -278,7 +286,7 @@ export const sentinelOptions = (url: string): Either.Either<RedisOptions, string
     const key = equals < 0 ? parameter : parameter.slice(0, equals)
     const value = decode(equals < 0 ? "" : parameter.slice(equals + 1))
     if (!(SENTINEL_PARAMETERS as ReadonlyArray<string>).includes(key)) {
-      return Either.left(`unknown parameter ${JSON.stringify(key)} (known: ${SENTINEL_PARAMETERS.join(", ")})`)
+      return Either.left(`an unknown parameter (known: ${SENTINEL_PARAMETERS.join(", ")})`)
     }
     if (value === undefined) return Either.left(`malformed ${key}`)
     if (value !== "") options[key as (typeof SENTINEL_PARAMETERS)[number]] = value

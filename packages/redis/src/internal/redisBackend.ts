@@ -146,7 +146,7 @@ export const make = (
     }
     const acknowledged = replicated === undefined
       ? undefined
-      : yield* replication.make(client, replicated, (c) => connection.watch(c, "commands"))
+      : yield* replication.make(client, replicated, (c) => connection.watch(c, "acknowledged"))
 
     /**
      * A script whose writes must reach the replicas before its caller relies on them: with
@@ -165,7 +165,8 @@ export const make = (
         : connection.call(
           s.name,
           () => acknowledged.run(s, keys, args, needs),
-          "commands",
+          // a connection of its own: its health is not the commands connection's
+          "acknowledged",
           isCluster ? calculateSlot(keys[0]!) : undefined
         )
 

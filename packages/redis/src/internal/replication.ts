@@ -151,15 +151,22 @@ const asError = (error: unknown): Error => error instanceof Error ? error : new 
 
 /**
  * The connections of their own these calls use: `disconnectTimeout` 0 (a closed connection waits for
- * nothing, as the backend's other connections) and nothing re-sent after a reconnect.
+ * nothing, as the backend's other connections), nothing re-sent after a reconnect, and nothing kept
+ * in the offline queue past a failed connection attempt (`maxRetriesPerRequest` 0): a grant whose
+ * call failed is released on the commands connection, and must not go out after that release.
  */
 const duplicate = (client: Client): Client =>
   isCluster(client)
     ? client.duplicate([], {
       lazyConnect: true,
-      redisOptions: { ...client.options.redisOptions, disconnectTimeout: 0, autoResendUnfulfilledCommands: false }
+      redisOptions: {
+        ...client.options.redisOptions,
+        disconnectTimeout: 0,
+        autoResendUnfulfilledCommands: false,
+        maxRetriesPerRequest: 0
+      }
     })
-    : client.duplicate({ lazyConnect: true, disconnectTimeout: 0, autoResendUnfulfilledCommands: false })
+    : client.duplicate({ lazyConnect: true, disconnectTimeout: 0, autoResendUnfulfilledCommands: false, maxRetriesPerRequest: 0 })
 
 /** One write waiting for its acknowledgement: the order it went out in, and what to do with the `WAIT`'s answer. */
 interface Ticket {

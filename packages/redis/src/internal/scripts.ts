@@ -87,31 +87,31 @@ end
  * earlier incarnation of its data may have granted (on the master it replaced, or before a
  * restart that lost data) could still be held. The server's epoch is the replication id
  * (`master_replid`): a new one after a promotion or a restart. The epoch record
- * (`<replid>|<until ms>`, one key per server) is written by the first grant of a new epoch:
- * a node that was promoted (`master_replid2` set) quarantines from now, since the promotion
+ * (`<replid>|<since ms>`, one key per server) is written by the first grant of a new epoch:
+ * a node that was promoted (`master_replid2` set) dates its epoch from now, since the promotion
  * time is unknown and it is no later than now; a node that never was (a restart, or a new
- * server) from its start (`uptime_in_seconds`). `longest` is the longest lease any client of
- * the server grants.
+ * server) from its start (`uptime_in_seconds`). Each client waits `longest`, the longest lease it
+ * may have granted, from there.
  */
 const quarantine = `
 local function quarantined_until(epoch, longest, now)
   local info = redis.call('INFO', 'replication')
-  local replid = string.match(info, 'master_replid:(%w+)')
+  local replid = string.match(info, 'master_replid:(%w+)') or '?'
   local record = redis.call('GET', epoch)
   if type(record) == 'string' then
-    local id, till = string.match(record, '^(%w+)|(%d+)$')
-    if id == replid then return tonumber(till) end
+    local id, since = string.match(record, '^(%w+)|(%d+)$')
+    if id == replid then return tonumber(since) + longest end
   end
   local replid2 = string.match(info, 'master_replid2:(%w+)') or '0'
-  local till = now + longest
+  local since = now
   if string.match(replid2, '^0+$') then
     -- never promoted since it started: what it may have lost, it lost at its start (uptime is
     -- rounded down to the second, so this start is never earlier than the true one)
     local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')) or 0
-    till = now - up * 1000 + longest
+    since = now - up * 1000
   end
-  redis.call('SET', epoch, replid .. '|' .. fmt(till))
-  return till
+  redis.call('SET', epoch, replid .. '|' .. fmt(since))
+  return since + longest
 end
 `
 
