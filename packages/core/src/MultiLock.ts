@@ -111,9 +111,10 @@ export interface AcquireOptions {
   /** How long to wait for all the parts before failing with `LockTimeout` (positive). Default: wait forever. */
   readonly timeout?: Duration.DurationInput | undefined
   /**
-   * What to do when a backend call fails (`BackendError`) while taking a part: try that part again
-   * after each of this schedule's delays, within the `timeout`, as `Lock.acquire` does. Default:
-   * fail at the first one (releasing the parts taken).
+   * What to do when a backend call fails (`BackendError`) while waiting for a part: try that part
+   * again after each of this schedule's delays, within the `timeout`, as `Lock.acquire` does. A part
+   * it only tries (those before the part it waited for) is not retried: its `BackendError` fails
+   * the acquisition. Default: fail at the first one (releasing the parts taken).
    */
   readonly retry?: Schedule.Schedule<unknown, BackendError> | undefined
 }
