@@ -212,10 +212,10 @@ describe("redis+sentinel:// URLs", () => {
       ["redis+sentinel://h1,,h2/m", "empty sentinel address"],
       ["redis+sentinel://h1:99999/m", "port 99999 is out of range"],
       ["redis+sentinel://h1:0/m", "port 0 is out of range"],
-      ["redis+sentinel://h1:x/m", "\"h1:x\" is no host[:port]"],
+      ["redis+sentinel://h1:x/m", "a sentinel address is no host[:port]"],
       ["redis+sentinel://h1/m/x", "the database must be a number"],
       ["redis+sentinel://h1/m/1/2", "the path must be /<master name>[/<db>]"],
-      ["redis+sentinel://h1/m?password=x", "unknown parameter \"password\""],
+      ["redis+sentinel://h1/m?password=x", "an unknown parameter"],
       ["redis+sentinel://h1/m#x", "fragment"],
       ["redis+sentinel://h1/%zz", "malformed master name"],
       ["redis+sentinel://u:%zz@h1/m", "malformed credentials"]
