@@ -5,7 +5,7 @@
  * connections must fail fast (and close them), and an outage must be reported once, not once per
  * call, with nothing printed by ioredis itself.
  */
-import { afterAll, assert, describe, it } from "@effect/vitest"
+import { assert, describe, it } from "@effect/vitest"
 import * as net from "node:net"
 import type { Scope } from "effect"
 import { Cause, ConfigProvider, Context, Effect, Exit, Fiber, Layer, Logger, Option } from "effect"
@@ -26,20 +26,14 @@ import {
   rawClient,
   retryWhileReconnecting,
   runnable,
+  trapRejections,
   typedFailure,
   warnIfNotRun
 } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis connection suite (connection.test.ts)")
 
-const escaped: Array<string> = []
-const onRejection = (reason: unknown) => {
-  escaped.push(`unhandledRejection: ${String(reason)}`)
-}
-process.on("unhandledRejection", onRejection)
-afterAll(() => {
-  process.off("unhandledRejection", onRejection)
-})
+const escaped = trapRejections()
 
 /** A loopback port nothing listens on (the kernel handed it out and it was closed again). */
 const deadPort: Effect.Effect<number> = Effect.async<number>((resume) => {

@@ -26,18 +26,13 @@ import { InvalidLockOptions } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
 import { FaultyBackend, RedisSentinel, RedisServer } from "@lockstep/testkit"
 import * as Conformance from "@lockstep/testkit/Conformance"
-import { call, eventually, nowMs, rawClient, runnable, typedFailure, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
+import { call, eventually, nowMs, rawClient, runnable, trapRejections, typedFailure, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis replica acknowledgement suite (replication.test.ts)")
 
 // nothing may escape the Effect world (a rejected promise of the acknowledged connection, say)
-const escaped: Array<string> = []
-const onRejection = (reason: unknown) => {
-  escaped.push(`unhandledRejection: ${String(reason)}`)
-}
-process.on("unhandledRejection", onRejection)
+const escaped = trapRejections()
 afterAll(() => {
-  process.off("unhandledRejection", onRejection)
   assert.deepStrictEqual(escaped, [])
 })
 

@@ -13,7 +13,7 @@
  * followed, and the longest call.
  */
 import { fileURLToPath } from "node:url"
-import { afterAll, assert, describe, it } from "@effect/vitest"
+import { assert, describe, it } from "@effect/vitest"
 import type { Scope } from "effect"
 import { ConfigProvider, Context, Deferred, Effect, Either, Exit, Fiber, Layer, Logger, Option, Schedule } from "effect"
 import { Redis } from "ioredis"
@@ -27,18 +27,11 @@ import { RedisBackend } from "@lockstep/redis"
 import { History, RedisSentinel } from "@lockstep/testkit"
 import { runChild } from "../../memory/test/fixtures/exitScenarios.js"
 import { sentinelOptions } from "../src/internal/connection.js"
-import { eventually, nowMs, runnable, typedFailure, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
+import { eventually, nowMs, runnable, trapRejections, typedFailure, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis Sentinel suite (sentinel.test.ts)")
 
-const escaped: Array<string> = []
-const onRejection = (reason: unknown) => {
-  escaped.push(`unhandledRejection: ${String(reason)}`)
-}
-process.on("unhandledRejection", onRejection)
-afterAll(() => {
-  process.off("unhandledRejection", onRejection)
-})
+const escaped = trapRejections()
 
 /** `redis+sentinel://host:port,.../<name>` of a topology. */
 const urlOf = (topology: RedisSentinel.RedisSentinel, path = ""): string =>

@@ -563,10 +563,6 @@ class LeaseImpl implements Lease {
   /** How the lease ended, once its scope closed. */
   ended: "Released" | "Lost" | undefined = undefined
   readonly [heldOf]: Held
-  // read when run, not when the property is read: a lease kept past its scope answers for then
-  readonly expiresIn: Effect.Effect<Duration.Duration>
-  readonly lost: Effect.Effect<never, LockLost>
-  readonly state: Effect.Effect<LeaseState>
   constructor(
     readonly key: string,
     readonly holder: string,
@@ -576,9 +572,17 @@ class LeaseImpl implements Lease {
     record: Held
   ) {
     this[heldOf] = record
-    this.expiresIn = Effect.suspend(() => (this.ended !== undefined || record.dead ? noTimeLeft : record.expiresIn))
-    this.lost = record.lost
-    this.state = Effect.sync(() => this.ended ?? (record.dead ? "Lost" : "Held"))
+  }
+  // getters: nothing is allocated per lease unless asked; each effect reads the lease when run,
+  // so one kept past the lease's scope answers for then
+  get expiresIn(): Effect.Effect<Duration.Duration> {
+    return Effect.suspend(() => (this.ended !== undefined || this[heldOf].dead ? noTimeLeft : this[heldOf].expiresIn))
+  }
+  get lost(): Effect.Effect<never, LockLost> {
+    return this[heldOf].lost
+  }
+  get state(): Effect.Effect<LeaseState> {
+    return Effect.sync(() => this.ended ?? (this[heldOf].dead ? "Lost" : "Held"))
   }
 }
 
