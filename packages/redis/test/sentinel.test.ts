@@ -598,3 +598,71 @@ describe.runIf(runnable)("Redis backend through Sentinel", () => {
       assert.deepStrictEqual(escaped, [])
     }).pipe(Effect.provide(Logger.remove(Logger.defaultLogger))))
 })
+
+describe("reconnecting through sentinels", () => {
+  it.scopedLive("a failover announced while a reconnection asks a paused sentinel: no connection ends for good, none waits on that sentinel", () =>
+    Effect.gen(function*() {
+      const topology = yield* RedisSentinel.make()
+      // A waits on a sentinel as long as it takes (ioredis's own default): its reconnection is
+      // still asking the paused sentinel when the others announce the switch, the moment at
+      // which ioredis gave up on a connection for good. It also confirms with one replica, so
+      // its three connections (commands, subscriber, acknowledged) all go through it.
+      const a = timed(yield* backendFrom(RedisBackend.layerFrom(
+        { ...optionsOf(topology), sentinelCommandTimeout: 60_000 },
+        { replication: { replicas: 1, timeout: "500 millis" } }
+      )))
+      // B has the defaults of a URL: it asks the next sentinel once one leaves it unanswered
+      const b = timed(yield* backendFrom(RedisBackend.layerFrom(urlOf(topology))))
+      const key = "sentinel-reconnect"
+      const scene = yield* holdAndQueue(key, { watchdog: "6 seconds", waiterTimeout: "30 seconds" }, a.service, [
+        a.service,
+        b.service
+      ])
+      yield* Effect.sleep(400) // the waiters subscribed and were denied
+      yield* topology.awaitSync()
+      const old = yield* topology.master
+      // every connection asked sentinel 0 first when it connected, so it asks it first again
+      const paused = topology.sentinels[0]!
+      yield* paused.pause
+      yield* old.kill
+      const promoted = yield* topology.awaitMaster({ filter: (node) => node !== old })
+      const agreed = nowMs()
+      const answersSince = (calls: ReadonlyArray<Timed>, since: number) =>
+        Effect.sync(() => calls.some((c) => c.ok && c.start >= since && c.op === "inspect"))
+      const probe = (service: Service) =>
+        Effect.fork(Effect.forever(Effect.zipRight(Effect.ignore(service.inspect("sentinel-probe")), Effect.sleep(50))))
+      const probes = [yield* probe(a.service), yield* probe(b.service)]
+      // B follows while the paused sentinel still does not answer
+      yield* eventually("B answering from the new master, one sentinel paused", answersSince(b.calls, agreed), 5_000, 10)
+      const followedB = nowMs()
+      // the switch reached A's connections while they were asking the paused sentinel
+      yield* Effect.sleep(1_000)
+      const resumed = nowMs()
+      yield* paused.resume
+      yield* eventually("A answering from the new master after the sentinel answered", answersSince(a.calls, resumed), 5_000, 10)
+      const followedA = nowMs()
+      yield* Effect.forEach(probes, Fiber.interrupt)
+      const raw = yield* nodeClient(promoted)
+      yield* eventually("the subscribers on the new master", subscribersOn(raw, 2), 5_000, 10)
+
+      yield* Deferred.succeed(scene.release, undefined)
+      yield* Fiber.join(scene.holder).pipe(Effect.catchTag("LockLost", () => Effect.void))
+      for (const waiter of scene.waiters) yield* Fiber.join(waiter)
+      // a grant confirmed by the remaining replica, on A's acknowledged connection
+      yield* eventually(
+        "a grant on A acknowledged by the remaining replica",
+        Effect.map(
+          Effect.either(Effect.scoped(Effect.flatMap(Lock.make(`${key}-acknowledged`), Lock.acquire).pipe(withBackend(a.service)))),
+          Either.isRight
+        ),
+        10_000,
+        200
+      )
+      console.log(
+        `[sentinel] failover with sentinel 0 paused: B answered ${Math.round(followedB - agreed)} ms after the sentinels agreed; ` +
+          `A ${Math.round(followedA - resumed)} ms after the sentinel resumed; waiters granted: ${scene.grants.length}`
+      )
+      assert.strictEqual(scene.grants.length, 2)
+      assert.deepStrictEqual(escaped, [])
+    }).pipe(Effect.provide(Logger.remove(Logger.defaultLogger))))
+})

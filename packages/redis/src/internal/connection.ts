@@ -300,9 +300,21 @@ export const sentinelOptions = (url: string): Either.Either<RedisOptions, string
 }
 
 /**
+ * How long a connection through sentinels waits for a sentinel's answer to which master to
+ * connect to before it asks the next one, unless its `sentinelCommandTimeout` says otherwise.
+ * ioredis waits as long as it takes: a sentinel that accepts connections but does not
+ * answer (paused, overloaded) held every reconnection until it answered again, whatever the
+ * other sentinels knew. A sentinel answers `SENTINEL GET-MASTER-ADDR-BY-NAME` from memory. Only
+ * those questions: the failover detector's subscriptions wait as long as ioredis lets them (a
+ * timer on a SUBSCRIBE to a sentinel that is down would outlive the connection's closing).
+ */
+const SENTINEL_COMMAND_TIMEOUT_MS = 1_000
+
+/**
  * ioredis's `SentinelConnector`, whose own connections to the sentinels (one per sentinel asked
  * for the master, and the failover detector's) wait for nothing once closed, like the rest of
- * ours (see `disconnectTimeout`). ioredis gives them its default 2 s, whatever the connection's
+ * ours (see `disconnectTimeout`), and whose questions for the master are answered within
+ * `SENTINEL_COMMAND_TIMEOUT_MS`. ioredis gives them its default 2 s, whatever the connection's
  * own setting: each one to a sentinel that was down (its socket closed already, so no 'close'
  * clears the timer) or that did not answer kept the process alive for 2 s. Without the method it
  * overrides (private in ioredis), it is ioredis's connector as it is.
@@ -314,8 +326,14 @@ class ClosingAtOnce extends SentinelConnector {}
     .connectToSentinel
   if (typeof connectToSentinel === "function") {
     Object.defineProperty(ClosingAtOnce.prototype, "connectToSentinel", {
-      value: function(this: unknown, endpoint: unknown, options?: object) {
-        return connectToSentinel.call(this, endpoint, { disconnectTimeout, ...options })
+      value: function(this: { readonly options?: RedisOptions }, endpoint: unknown, options?: object) {
+        // no options: a connection that asks for the master (the failover detector's have some)
+        const asking = options === undefined && this.options?.sentinelCommandTimeout === undefined
+        return connectToSentinel.call(this, endpoint, {
+          disconnectTimeout,
+          ...(asking ? { commandTimeout: SENTINEL_COMMAND_TIMEOUT_MS } : {}),
+          ...options
+        })
       }
     })
   }
@@ -364,7 +382,7 @@ const urlProblem = (url: string): string | undefined => {
  * (operation "connect") on a URL or node list it cannot mean.
  */
 export const open = (connection: Connection): Effect.Effect<Client, BackendError, Scope.Scope> =>
-  Effect.acquireRelease(
+  Effect.map(Effect.acquireRelease(
     Effect.suspend(() => {
       const sentinelUrl = typeof connection === "string" && isSentinelUrl(connection)
         ? sentinelOptions(connection)
@@ -403,7 +421,7 @@ export const open = (connection: Connection): Effect.Effect<Client, BackendError
         }
       }
       return Effect.try({
-        try: (): Client => {
+        try: () => {
           const client: Client = sentinelUrl !== undefined && Either.isRight(sentinelUrl)
             ? new Redis({ ...sentinelDefaults, ...sentinelUrl.right })
             : typeof connection === "string"
@@ -420,13 +438,72 @@ export const open = (connection: Connection): Effect.Effect<Client, BackendError
           // a connection of our own that nobody else sees: it never prints "Unhandled error event",
           // even after the backend's tracking listener is gone
           client.on("error", () => undefined)
-          return client
+          return { client, close: keepOpen(client) }
         },
         catch: (cause) => new BackendError({ operation: "connect", cause, endpoint, detail: describeError(cause) })
       })
     }),
-    (client) => Effect.sync(() => client.disconnect())
-  )
+    ({ close }) => Effect.sync(close)
+  ), ({ client }) => client)
+
+/**
+ * Keeps a connection of ours through sentinels open until the returned function closes it.
+ * ioredis ends such a connection for good (status 'end', every later command refused) when
+ * its failover detector hears `+switch-master` while a reconnection is still asking a sentinel
+ * for the master: the detector closes the connector, and the attempt in flight then fails with
+ * "Connection is closed." as if we had closed it. Each failover may do it to any of a backend's
+ * connections (the commands, the subscriber and the acknowledged one). A connection of ours ends
+ * only when we close it: until then, an 'end' is followed by a new connection (after 50 ms more
+ * per attempt that did not get ready, at most 1 s), whose ready check and re-subscriptions are
+ * ioredis's own. Other connections (direct, cluster) reconnect by themselves: closing them is
+ * all the function does.
+ */
+export const keepOpen = (client: Client): (() => void) => {
+  if (isCluster(client) || !viaSentinels(client.options ?? {})) return () => client.disconnect()
+  let closed = false
+  let attempts = 0
+  let timer: ReturnType<typeof setTimeout> | undefined
+  const reconnect = () => {
+    timer = undefined
+    if (!closed && client.status === "end") client.connect().catch(() => undefined)
+  }
+  const onEnd = () => {
+if (!closed && timer === undefined) timer = setTimeout(reconnect, Math.min(++attempts * 50, 1_000))
+  }
+  const onReady = () => {
+    attempts = 0
+  }
+  client.on("end", onEnd)
+  client.on("ready", onReady)
+  return () => {
+    closed = true
+    if (timer !== undefined) clearTimeout(timer)
+    client.off("end", onEnd)
+    client.off("ready", onReady)
+    client.disconnect()
+  }
+}
+
+/**
+ * A connection of a backend's own beside `client`, to the same server or cluster (through the
+ * same sentinels), connected on its first command, with `overrides`. Through sentinels it uses
+ * our connector (`SentinelConnectorClosingAtOnce`), unless the client brings its own.
+ */
+export const duplicateOf = (client: Client, overrides: RedisOptions = {}): Client => {
+  if (isCluster(client)) {
+    return client.duplicate([], {
+      lazyConnect: true,
+      redisOptions: { ...client.options.redisOptions, disconnectTimeout, ...overrides }
+    })
+  }
+  const options: RedisOptions = client.options ?? {}
+  return client.duplicate({
+    lazyConnect: true,
+    disconnectTimeout,
+    ...(viaSentinels(options) && options.Connector === undefined ? { Connector: SentinelConnectorClosingAtOnce } : {}),
+    ...overrides
+  })
+}
 
 /**
  * The connection that carries a backend's subscriptions: a duplicate of `client`, with its ready
@@ -434,20 +511,7 @@ export const open = (connection: Connection): Effect.Effect<Client, BackendError
  * connects on the first subscription: a program that never waits opens no connection for it, and
  * does not close one that is still in its handshake.
  */
-export const subscriberFor = (client: Client): Client =>
-  isCluster(client)
-    ? client.duplicate([], {
-      lazyConnect: true,
-      redisOptions: { ...client.options.redisOptions, disconnectTimeout }
-    })
-    : client.duplicate({
-      lazyConnect: true,
-      disconnectTimeout,
-      // through sentinels: our connection, so our connector (unless the client brings its own)
-      ...(viaSentinels(client.options ?? {}) && client.options.Connector === undefined
-        ? { Connector: SentinelConnectorClosingAtOnce }
-        : {})
-    })
+export const subscriberFor = (client: Client): Client => duplicateOf(client)
 
 /**
  * Runs a (UN)SUBSCRIBE on `subscriber` once it is not handshaking. ioredis writes commands a

@@ -6,7 +6,7 @@ import type * as LockBackend from "@lockstep/core/LockBackend"
 import { forceReleaseMemoryMs, latchCallMemoryMs } from "@lockstep/core/LockBackend"
 import { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
-import { subscriberFor, whenNotHandshaking } from "./connection.js"
+import { keepOpen, subscriberFor, whenNotHandshaking } from "./connection.js"
 import type { Tracker } from "./connection.js"
 import * as replication from "./replication.js"
 import * as scripts from "./scripts.js"
@@ -207,6 +207,7 @@ export const make = (
     // our own connection: it never prints "Unhandled error event", even after the tracking
     // listener is removed; connection errors surface through the calls that need it
     subscriber.on("error", () => undefined)
+    const closeSubscriber = keepOpen(subscriber)
     // removed after the disconnect below (finalizers run in reverse order)
     yield* connection.watch(subscriber, "subscriber")
     const wakeups = makeWakeups(
@@ -229,7 +230,7 @@ export const make = (
       Effect.sync(() => {
         connection.close()
         wakeups.close()
-        subscriber.disconnect()
+        closeSubscriber()
       })
     )
     /** `effect`, unless the backend is closed: calls that send nothing check it here. */

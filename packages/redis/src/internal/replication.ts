@@ -31,7 +31,7 @@ import { Data, Duration, Effect, Either } from "effect"
 import type { Cluster, Redis } from "ioredis"
 import { InvalidLockOptions } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
-import { commandTimeout, isCluster } from "./connection.js"
+import { commandTimeout, duplicateOf, isCluster, keepOpen } from "./connection.js"
 
 /** What an acknowledgement confirms: a grant, a renewal, a fence raise or a latch change. */
 export type Confirmed = "grant" | "renewal" | "fence raise" | "latch change"
@@ -150,23 +150,13 @@ const waitCommand = (settings: Settings): [string, ...Array<number>] =>
 const asError = (error: unknown): Error => error instanceof Error ? error : new Error(String(error))
 
 /**
- * The connections of their own these calls use: `disconnectTimeout` 0 (a closed connection waits for
- * nothing, as the backend's other connections), nothing re-sent after a reconnect, and nothing kept
- * in the offline queue past a failed connection attempt (`maxRetriesPerRequest` 0): a grant whose
- * call failed is released on the commands connection, and must not go out after that release.
+ * The connections of their own these calls use (see `duplicateOf`): nothing re-sent after a
+ * reconnect, and nothing kept in the offline queue past a failed connection attempt
+ * (`maxRetriesPerRequest` 0): a grant whose call failed is released on the commands connection,
+ * and must not go out after that release.
  */
 const duplicate = (client: Client): Client =>
-  isCluster(client)
-    ? client.duplicate([], {
-      lazyConnect: true,
-      redisOptions: {
-        ...client.options.redisOptions,
-        disconnectTimeout: 0,
-        autoResendUnfulfilledCommands: false,
-        maxRetriesPerRequest: 0
-      }
-    })
-    : client.duplicate({ lazyConnect: true, disconnectTimeout: 0, autoResendUnfulfilledCommands: false, maxRetriesPerRequest: 0 })
+  duplicateOf(client, { autoResendUnfulfilledCommands: false, maxRetriesPerRequest: 0 })
 
 /** One write waiting for its acknowledgement: the order it went out in, and what to do with the `WAIT`'s answer. */
 interface Ticket {
@@ -325,7 +315,8 @@ export const make = (
     // our own connection: it never prints "Unhandled error event", even after the watch ends
     connection.on("error", () => undefined)
     yield* watch(connection)
-    yield* Effect.addFinalizer(() => Effect.sync(() => connection.disconnect()))
+    const close = keepOpen(connection)
+    yield* Effect.addFinalizer(() => Effect.sync(close))
     return isCluster(connection) ? onCluster(connection, settings) : onServer(connection as Redis, settings)
   })
 
