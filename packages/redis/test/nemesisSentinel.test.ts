@@ -1,0 +1,398 @@
+/**
+ * The multi-process adversarial run of `nemesis.test.ts` on a Sentinel-managed topology (a
+ * primary, two replicas, three sentinels: `RedisSentinel.make`, a fresh one per phase). Four
+ * client processes (`fixtures/nemesisClient.ts`) reach the master through a `redis+sentinel://`
+ * URL, so each of their connections follows the sentinels' `+switch-master`; they contend for one
+ * watchdog lock (`Lock.withLock`, watchdog 1.5 s) and in every critical section write their fence
+ * two or three times to a fenced resource in this process. A seeded nemesis (`NEMESIS_SEED=<seed>`
+ * replays a schedule; the seed is in the summary) injects one fault at a time for about 20 s:
+ * SIGKILL of the master (restarted once the sentinels agree on another, it rejoins as a replica),
+ * SIGSTOP of the master until the sentinels agree on another (then it answers again as a stale
+ * master until converted), `SENTINEL FAILOVER`, SIGSTOP of a client past its lease (twice a round)
+ * and SIGKILL of a client. See fixtures/nemesisSentinel.ts for the run.
+ *
+ * Phase "defaults": no replica acknowledgement, no quarantine. Phase "acknowledged+quarantine":
+ * `replication: { replicas: 1, timeout: "200 millis" }` and `quarantine: { longestLease: "3 seconds" }`.
+ *
+ * Checks, per phase (one `nemesis-sentinel:` JSON summary line per phase):
+ * 1. fences: in grant order the fences never go back, and no two leases share one;
+ * 2. stale writes: no accepted write carries a token below one accepted before it, and the resource
+ *    did reject some (stale writers after a client pause), so the check is known to bite;
+ * 3. overlapping valid leases (validity: grant to the earliest of release, loss, local deadline and
+ *    kill): reported with the defaults (a promoted replica that lacks a grant can grant the lock
+ *    again: the flaw the options are for), none with acknowledgement and quarantine;
+ * 4. liveness: every client completed critical sections in a quiet period after the nemesis,
+ *    every process exited within a few seconds of being told to stop, no process wrote anything
+ *    to stderr, nothing escaped in this process, and after every failover a grant came within
+ *    15 s (the longest stall is in the summary: from the fault to the first grant after the
+ *    sentinels agreed on the new master, the longest time without any grant);
+ * and every kind of fault was injected. The summary also names the client processes in which a
+ * round failed because a Redis connection had ended (ioredis's "Connection is closed."), with the
+ * time of the first such round, and counts those rounds.
+ */
+import { afterAll, assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import type { SentinelFault, SentinelFaultKind, SentinelPhaseConfig, SentinelPhaseResult } from "./fixtures/nemesisSentinel.js"
+import { failoverKinds, faultKinds, runSentinelPhase } from "./fixtures/nemesisSentinel.js"
+import type { LeaseRecord, Overlap } from "./fixtures/nemesisHistory.js"
+import { checkFences, overlaps, staleAccepted, writesAfterValidity } from "./fixtures/nemesisHistory.js"
+import { runnable, warnIfNotRun } from "./fixtures/realRedis.js"
+
+warnIfNotRun("Redis Sentinel nemesis suite (nemesisSentinel.test.ts)")
+
+const WATCHDOG_MS = 1_500
+/** The replication timeout (200 ms) must be less than half of it. */
+const COMMAND_TIMEOUT_MS = 600
+/** Covers the watchdog (1.5 s) and the moment the old master may keep granting after a promotion. */
+const LONGEST_LEASE = "3 seconds"
+const CLIENTS = 4
+const NEMESIS_MS = 20_000
+/**
+ * After the nemesis (on a settled topology, granting again): every client must complete a
+ * critical section in this much time.
+ */
+const QUIET_MS = 4_000
+const LIVENESS_SECTIONS = 1
+/** How long a process may take to exit once told to stop. */
+const STOP_WITHIN_MS = 5_000
+/** After every failover, some client is granted within this much time of the fault. */
+const STALL_WITHIN_MS = 15_000
+/** The sentinels' failover timeout: they start no failover for twice that after one. */
+const FAILOVER_TIMEOUT_MS = 2_000
+
+// Anything that escapes the Effect world in this process (an error event nobody listens to on a
+// socket of the resource) is a harness bug and fails the phase it happened in.
+const escaped: Array<string> = []
+const onRejection = (reason: unknown) => {
+  escaped.push(`unhandledRejection: ${String(reason)}`)
+}
+const onException = (error: unknown) => {
+  escaped.push(`uncaughtException: ${String(error)}`)
+}
+process.on("unhandledRejection", onRejection)
+process.on("uncaughtException", onException)
+afterAll(() => {
+  process.off("unhandledRejection", onRejection)
+  process.off("uncaughtException", onException)
+})
+
+/** `NEMESIS_VERBOSE=1` prints the fault timeline, each client's grants per second and its log lines. */
+const verbose = process.env["NEMESIS_VERBOSE"] === "1"
+const seedFromEnv = process.env["NEMESIS_SEED"]
+const SEED = seedFromEnv !== undefined && seedFromEnv !== "" ? Number(seedFromEnv) : Math.floor(Math.random() * 2 ** 31)
+
+interface Phase {
+  readonly config: SentinelPhaseConfig
+  /** Whether overlapping valid leases fail the phase (otherwise they are reported). */
+  readonly noOverlaps: boolean
+}
+
+const phase = (
+  name: string,
+  tuning: Readonly<Record<string, unknown>>,
+  noOverlaps: boolean,
+  seedOffset: number
+): Phase => ({
+  config: {
+    name,
+    seed: SEED + seedOffset,
+    clients: CLIENTS,
+    nemesisMs: NEMESIS_MS,
+    quietMs: QUIET_MS,
+    watchdogMs: WATCHDOG_MS,
+    commandTimeoutMs: COMMAND_TIMEOUT_MS,
+    tuning,
+    failoverTimeoutMs: FAILOVER_TIMEOUT_MS,
+    recoverWithinMs: STALL_WITHIN_MS,
+    key: "nemesis"
+  },
+  noOverlaps
+})
+
+const countBy = <A>(items: ReadonlyArray<A>, key: (a: A) => string): Record<string, number> => {
+  const counts: Record<string, number> = {}
+  for (const item of items) counts[key(item)] = (counts[key(item)] ?? 0) + 1
+  return counts
+}
+
+const round = (n: number) => Math.round(n)
+
+const describeLease = (lease: LeaseRecord, origin: number) =>
+  `${lease.client} ${lease.holder.slice(-6)} fence ${lease.fence} [${round(lease.grant - origin)}, ${
+    round(lease.end - origin)
+  }) ${lease.how}`
+
+const describeFault = (fault: SentinelFault, origin: number) =>
+  `${round(fault.start - origin)}ms ${fault.kind} ${fault.target ?? ""}` +
+  `${fault.agreedAt === undefined ? "" : ` -> ${fault.promoted ?? "?"} agreed at ${round(fault.agreedAt - origin)}ms`}` +
+  ` until ${round(fault.end - origin)}ms` +
+  `${
+    fault.agreedAt === undefined
+      ? ""
+      : fault.recoveredAt === undefined
+      ? ", no grant after"
+      : `, next grant at ${round(fault.recoveredAt - origin)}ms`
+  } (${fault.note})`
+
+/** The faults in force at `at`, or else the last one before it. */
+const faultsAround = (faults: ReadonlyArray<SentinelFault>, at: number): ReadonlyArray<SentinelFault> => {
+  const inForce = faults.filter((f) => f.start <= at && at <= f.end)
+  if (inForce.length > 0) return inForce
+  const before = faults.filter((f) => f.start <= at)
+  return before.length === 0 ? [] : [before[before.length - 1]!]
+}
+
+const describeOverlap = (o: Overlap, result: SentinelPhaseResult) => {
+  const origin = result.startedAt
+  const around = faultsAround(result.faults, o.from).map((f) => describeFault(f, origin)).join("; ")
+  return `${describeLease(o.first, origin)} and ${describeLease(o.second, origin)}: both valid on [${
+    round(o.from - origin)
+  }, ${round(o.to - origin)}) (${(o.to - o.from).toFixed(1)} ms); fault: ${around === "" ? "none yet" : around}`
+}
+
+interface Stall {
+  readonly fault: SentinelFault
+  /** The longest time without a grant from the fault to the first grant after the sentinels agreed. */
+  readonly stallMs: number
+  /** From the agreement to the first grant after it (undefined: none came). */
+  readonly afterAgreementMs: number | undefined
+}
+
+/**
+ * Per failover: from the fault to the first grant after the sentinels agreed on the new master,
+ * the longest time without any grant (from the fault itself for a kill or a pause, whose master
+ * grants nothing more; around the switch for a forced failover, whose old master keeps granting
+ * until the clients move). Without a grant after it, up to the end of the quiet period.
+ */
+const stallsOf = (result: SentinelPhaseResult): ReadonlyArray<Stall> => {
+  const grants = result.leases.map((l) => l.grant).sort((a, b) => a - b)
+  const end = result.quietStart + result.config.quietMs
+  return result.faults.filter((f) => failoverKinds.includes(f.kind) && f.agreedAt !== undefined).map((fault) => {
+    const after = grants.find((g) => g >= fault.agreedAt!)
+    const points = [fault.start, ...grants.filter((g) => g > fault.start && g < (after ?? end)), after ?? end]
+    let stallMs = 0
+    for (let i = 1; i < points.length; i++) stallMs = Math.max(stallMs, points[i]! - points[i - 1]!)
+    return { fault, stallMs, afterAgreementMs: after === undefined ? undefined : after - fault.agreedAt! }
+  })
+}
+
+/** The summary of one phase, and every check it fails (empty: all passed). */
+const judge = (phaseOf: Phase, result: SentinelPhaseResult, escapedHere: ReadonlyArray<string>) => {
+  const { config } = result
+  const origin = result.startedAt
+  const failures: Array<string> = []
+  const fail = (check: string, detail: string) => failures.push(`[${check}] ${detail}`)
+
+  // 1. fences
+  const fences = checkFences(result.leases)
+  if (fences.regressions.length > 0) {
+    const first = fences.regressions[0]!
+    fail(
+      "fences",
+      `${fences.regressions.length} of ${result.leases.length} leases got a fence below an earlier grant's ` +
+        `(first: ${describeLease(first.lease, origin)} after fence ${first.previousMax})`
+    )
+  }
+  if (fences.shared.length > 0) {
+    const first = fences.shared[0]!
+    fail("fences", `${fences.shared.length} fences shared by distinct leases (first: ${first.fence} by ${first.holders.join(", ")})`)
+  }
+
+  // 2. stale writes
+  const stale = staleAccepted(result.attempts)
+  const rejected = result.attempts.filter((a) => !a.accepted)
+  const late = writesAfterValidity(result.attempts, result.leases)
+  if (stale.length > 0) fail("stale writes", `${stale.length} accepted writes with a token below an earlier accepted one`)
+  if (rejected.length === 0) fail("stale writes", "the resource rejected no write: no stale writer was caught")
+  if (result.malformed.length > 0) fail("harness", `${result.malformed.length} malformed writes: ${result.malformed[0]}`)
+
+  // 3. overlapping valid leases (no data-loss event excuses any here)
+  const found = overlaps(result.leases, [], config.watchdogMs)
+  const longestOverlap = found.reduce((longest, o) => Math.max(longest, o.to - o.from), 0)
+  if (phaseOf.noOverlaps && found.length > 0) {
+    fail(
+      "overlaps",
+      `${found.length} overlapping valid leases, the longest ${longestOverlap.toFixed(1)} ms: ` +
+        found.slice(0, 5).map((o) => describeOverlap(o, result)).join(" | ")
+    )
+  }
+
+  // 4. liveness
+  const perClient: Record<string, [number, number]> = {}
+  for (const child of result.children) {
+    perClient[child.label] = [child.released, round(child.activeMs)]
+    if (child.releasedWhenQuiet !== undefined && child.releasedWhenQuiet < LIVENESS_SECTIONS) {
+      fail(
+        "liveness",
+        `${child.label} completed only ${child.releasedWhenQuiet} critical sections in the ${config.quietMs} ms without faults` +
+          (child.closedAt === undefined ? "" : ` (its Redis connection closed for good at ${round(child.closedAt - origin)}ms)`)
+      )
+    }
+  }
+  const quiet = result.children.flatMap((c) => c.releasedWhenQuiet === undefined ? [] : [c.releasedWhenQuiet])
+  for (let slot = 0; slot < config.clients; slot++) {
+    const released = result.children.filter((c) => c.slot === slot).reduce((n, c) => n + c.released, 0)
+    if (released < LIVENESS_SECTIONS) fail("liveness", `client slot ${slot} completed only ${released} critical sections`)
+  }
+  const stopTimes: Array<number> = []
+  for (const child of result.children) {
+    if (child.stopRequestedAt === undefined) continue
+    if (child.exitedAt === undefined) {
+      fail("liveness", `${child.label} did not exit within 8 s of the stop signal`)
+      continue
+    }
+    const took = child.exitedAt - child.stopRequestedAt
+    stopTimes.push(took)
+    if (took > STOP_WITHIN_MS) fail("liveness", `${child.label} took ${round(took)} ms to exit after the stop signal`)
+    if (child.exitCode !== 0) fail("liveness", `${child.label} exited with ${child.exitCode ?? child.exitSignal}`)
+    if (child.rounds === undefined) fail("liveness", `${child.label} stopped without reporting`)
+  }
+  const stalls = stallsOf(result)
+  const longestStall = stalls.reduce<Stall | undefined>(
+    (longest, s) => (longest === undefined || s.stallMs > longest.stallMs ? s : longest),
+    undefined
+  )
+  if (longestStall !== undefined && longestStall.stallMs > STALL_WITHIN_MS) {
+    fail(
+      "liveness",
+      `${round(longestStall.stallMs)} ms without a grant after ${describeFault(longestStall.fault, origin)}` +
+        (longestStall.afterAgreementMs === undefined ? " (no grant after the sentinels agreed)" : "")
+    )
+  }
+  for (const child of result.children) {
+    if (child.stderr.trim() !== "") fail("stderr", `${child.label}: ${child.stderr.trim().slice(0, 600)}`)
+  }
+  if (result.unterminated > 0) fail("harness", `${result.unterminated} leases without an end`)
+  if (escapedHere.length > 0) fail("harness", `${escapedHere.length} errors escaped in the test process: ${escapedHere[0]}`)
+
+  // the nemesis did its work
+  const faultCounts = countBy(result.faults, (f) => f.kind)
+  for (const kind of faultKinds) {
+    if ((faultCounts[kind] ?? 0) === 0) fail("nemesis", `no ${kind} fault was injected`)
+  }
+
+  const stallsByKind: Partial<Record<SentinelFaultKind, number>> = {}
+  for (const s of stalls) stallsByKind[s.fault.kind] = Math.max(stallsByKind[s.fault.kind] ?? 0, round(s.stallMs))
+  const ordered = [...result.leases].sort((a, b) => a.grant - b.grant)
+  const ended = result.children.filter((c) => c.closedAt !== undefined || c.closedErrors > 0)
+  const summary = {
+    phase: config.name,
+    seed: config.seed,
+    tuning: config.tuning,
+    clients: config.clients,
+    watchdogMs: config.watchdogMs,
+    commandTimeoutMs: config.commandTimeoutMs,
+    nemesisMs: round(result.nemesisMs),
+    totalMs: round(result.totalMs),
+    readyAfterMs: round(result.readyAfterMs),
+    faults: faultCounts,
+    spontaneousFailovers: result.spontaneous.length,
+    retriedFailovers: result.retriedFailovers.length,
+    settleMaxMs: result.settleMs.length === 0 ? null : round(Math.max(...result.settleMs)),
+    processes: result.children.length,
+    grants: result.leases.length,
+    outcomes: countBy(result.leases, (l) => l.how),
+    acquireErrors: result.children.reduce<Record<string, number>>((all, c) => {
+      for (const [tag, n] of Object.entries(c.errors)) all[tag] = (all[tag] ?? 0) + n
+      return all
+    }, {}),
+    sectionsAndActiveMsPerClient: perClient,
+    fewestSectionsWhenQuiet: quiet.length === 0 ? null : Math.min(...quiet),
+    fences: {
+      first: ordered[0]?.fence,
+      last: ordered[ordered.length - 1]?.fence,
+      regressions: fences.regressions.length,
+      shared: fences.shared.length
+    },
+    writes: {
+      attempts: result.attempts.length,
+      accepted: result.attempts.length - rejected.length,
+      rejected: rejected.length,
+      staleAccepted: stale.length,
+      receivedAfterValidity: late.length,
+      rejectedAfterValidity: late.filter((a) => !a.accepted).length
+    },
+    overlaps: { count: found.length, longestMs: Number(longestOverlap.toFixed(1)), asserted: phaseOf.noOverlaps },
+    longestStallMs: longestStall === undefined ? null : round(longestStall.stallMs),
+    longestStallAfter: longestStall?.fault.kind ?? null,
+    stallMsByKind: stallsByKind,
+    firstGrantAfterAgreementMaxMs: stalls.some((s) => s.afterAgreementMs !== undefined)
+      ? round(Math.max(...stalls.flatMap((s) => s.afterAgreementMs === undefined ? [] : [s.afterAgreementMs])))
+      : null,
+    // when a process first failed a round on a connection that had ended, and how long after that
+    // it was granted the lock again
+    connectionsEnded: {
+      processes: ended.map((c) => {
+        if (c.closedAt === undefined) return `${c.label}@?`
+        const next = result.leases.filter((l) => l.client === c.label && l.grant > c.closedAt!)
+          .reduce((first, l) => Math.min(first, l.grant), Infinity)
+        return `${c.label}@${round(c.closedAt - origin)}ms, ${
+          next === Infinity ? "never granted again" : `granted again ${round(next - c.closedAt)} ms later`
+        }`
+      }),
+      failedRounds: result.children.reduce((n, c) => n + c.closedErrors, 0)
+    },
+    stopToExitMaxMs: stopTimes.length === 0 ? null : round(Math.max(...stopTimes)),
+    logLines: result.children.reduce((n, c) => n + c.logLines, 0),
+    failed: Array.from(new Set(failures.map((f) => f.slice(1, f.indexOf("]")))))
+  }
+  return { summary, failures, found }
+}
+
+const runAndJudge = (phaseOf: Phase) =>
+  Effect.gen(function*() {
+    const escapedBefore = escaped.length
+    const result = yield* runSentinelPhase(phaseOf.config)
+    const { failures, found, summary } = judge(phaseOf, result, escaped.slice(escapedBefore))
+    const name = phaseOf.config.name
+    console.log(`nemesis-sentinel: ${JSON.stringify(summary)}`)
+    const origin = result.startedAt
+    if (failures.length > 0 || verbose || found.length > 0) {
+      console.log(
+        `nemesis-sentinel phase ${name} faults: ${result.faults.map((f) => describeFault(f, origin)).join("; ")}` +
+          (result.spontaneous.length === 0
+            ? ""
+            : `; spontaneous failovers: ${
+              result.spontaneous.map((s) => `${round(s.at - origin)}ms ${s.from} -> ${s.to}`).join(", ")
+            }`) +
+          (result.retriedFailovers.length === 0 ? "" : `; failovers sent again: ${result.retriedFailovers.join(", ")}`)
+      )
+    }
+    if (found.length > 0) {
+      console.log(
+        `nemesis-sentinel phase ${name} overlapping valid leases (${
+          phaseOf.noOverlaps ? "a failure" : "reported, not asserted"
+        }): ${found.map((o) => describeOverlap(o, result)).join(" | ")}`
+      )
+    }
+    if (verbose) {
+      for (const child of result.children) {
+        const perSecond: Record<number, number> = {}
+        for (const lease of result.leases) {
+          if (lease.client !== child.label) continue
+          const second = Math.floor((lease.grant - origin) / 1_000)
+          perSecond[second] = (perSecond[second] ?? 0) + 1
+        }
+        console.log(`nemesis-sentinel phase ${name} ${child.label} grants per second: ${JSON.stringify(perSecond)}`)
+      }
+      for (const child of result.children) {
+        if (child.logTail !== "") console.log(`nemesis-sentinel phase ${name} ${child.label} log:${child.logTail}`)
+      }
+    }
+    assert.deepStrictEqual(failures, [], `phase ${name} (NEMESIS_SEED=${SEED} replays the fault schedule)`)
+  })
+
+describe.runIf(runnable)("nemesis over Sentinel: four client processes, one lock, failovers and client faults", () => {
+  it.scopedLive("defaults: no replica acknowledgement, no quarantine (overlaps reported)", () =>
+    runAndJudge(phase("defaults", {}, false, 0)), 80_000)
+
+  it.scopedLive("acknowledged+quarantine: no overlapping valid leases", () =>
+    runAndJudge(
+      phase(
+        "acknowledged+quarantine",
+        { replication: { replicas: 1, timeout: "200 millis" }, quarantine: { longestLease: LONGEST_LEASE } },
+        true,
+        1
+      )
+    ), 80_000)
+})
