@@ -1,5 +1,19 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Duration, Effect, Exit, Fiber, Layer, Option, Scope, TestClock } from "effect"
+import {
+  Context,
+  Duration,
+  Effect,
+  Exit,
+  Fiber,
+  FiberRef,
+  HashMap,
+  Layer,
+  Option,
+  RuntimeFlags,
+  RuntimeFlagsPatch,
+  Scope,
+  TestClock
+} from "effect"
 import { Lock, LockError, MultiLock } from "@lockstep/core"
 import { MemoryBackend } from "@lockstep/memory"
 
@@ -101,4 +115,41 @@ describe("the caller's scope after withLock", () => {
       order.push("scope closed")
       assert.deepStrictEqual(order, ["after withLock", "finalizer", "scope closed"])
     }).pipe(Effect.provide(MemoryBackend.layer)))
+})
+
+describe("the caller's fiber refs after withLock", () => {
+  const plain = FiberRef.unsafeMake("initial")
+  const forked = FiberRef.unsafeMake(0, { fork: (n) => n + 1 })
+  const summed = FiberRef.unsafeMake(1, { join: (a, b) => a + b })
+  class Service extends Context.Tag("Service")<Service, string>() {}
+  const cooperative = Effect.map(Effect.getRuntimeFlags, RuntimeFlags.cooperativeYielding)
+  const noCooperation = RuntimeFlagsPatch.disable(RuntimeFlags.CooperativeYielding)
+  const annotations = Effect.map(FiberRef.get(FiberRef.currentLogAnnotations), HashMap.size)
+  const cases: ReadonlyArray<readonly [string, Effect.Effect<unknown, never, Scope.Scope>, Effect.Effect<unknown>]> = [
+    ["a ref set", FiberRef.set(plain, "changed"), FiberRef.get(plain)],
+    ["nothing set (a ref whose fork changes it)", Effect.void, FiberRef.get(forked)],
+    ["a ref with a join of its own, set to the value it had", FiberRef.set(summed, 5), FiberRef.get(summed)],
+    ["runtime flags patched", Effect.patchRuntimeFlags(noCooperation), cooperative],
+    ["runtime flags patched for the body's scope", Effect.withRuntimeFlagsPatchScoped(noCooperation), cooperative],
+    ["log annotations for the body's scope", Effect.annotateLogsScoped({ inside: "yes" }), annotations],
+    ["log annotations around an effect", Effect.annotateLogs(Effect.void, { inside: "yes" }), annotations],
+    ["a ref set for an effect", Effect.locally(Effect.void, plain, "inside"), FiberRef.get(plain)],
+    [
+      "a service added to the context",
+      FiberRef.update(FiberRef.currentContext, Context.add(Service, "inside")),
+      Effect.map(FiberRef.get(FiberRef.currentContext), (context) => Option.isSome(Context.getOption(context, Service)))
+    ]
+  ]
+  /** `effect` on a fiber of its own (whose refs the test's fiber does not inherit), `summed` set to 5 there. */
+  const apart = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+    Effect.flatMap(Effect.flatMap(Effect.fork(Effect.zipRight(FiberRef.set(summed, 5), effect)), Fiber.await), (exit) => exit)
+  for (const [name, body, read] of cases) {
+    it.effect(`are those of a scoped fork and join of the body: ${name}`, () =>
+      Effect.gen(function*() {
+        const lock = yield* Lock.make("lifecycle:refs")
+        const underLock = yield* apart(Effect.zipRight(Lock.withLock(body, lock), read))
+        const joined = yield* apart(Effect.zipRight(Effect.scoped(Effect.flatMap(Effect.fork(body), Fiber.join)), read))
+        assert.deepStrictEqual(underLock, joined)
+      }).pipe(Effect.provide(MemoryBackend.layer)))
+  }
 })

@@ -115,7 +115,9 @@ export const withLease = <A, E, R>(
   permits: number,
   options: WaitOptions | undefined
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
-  Effect.flatMap(timeoutMillis(options?.timeout), (ms) => internal.withLease(body, spec, permits, ms, options?.retry))
+  options?.timeout === undefined
+    ? internal.withLease(body, spec, permits, undefined, options?.retry)
+    : Effect.flatMap(timeoutMillis(options.timeout), (ms) => internal.withLease(body, spec, permits, ms, options.retry))
 
 /** Runs `body` under a lease if one is granted at once (or within `wait`): `Some` of its result, else `None`. */
 export const withLeaseIfAvailable = <A, E, R>(

@@ -2,24 +2,28 @@ import {
   Cause,
   Clock,
   Context,
+  DefaultServices,
   Deferred,
   Duration,
   Effect,
+  Equal,
   Exit,
   Fiber,
   FiberId,
   FiberRef,
   GlobalValue,
   Option,
+  RuntimeFlags,
+  RuntimeFlagsPatch,
   Schedule,
-  Scope
+  Scope,
+  Tracer
 } from "effect"
-import type { FiberRefs, Tracer } from "effect"
 import type { Lease, LeaseState } from "../Lease.js"
 import type { AcquireRequest, AcquireResult, HoldMode, Service } from "../LockBackend.js"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported } from "../LockError.js"
 import { isBackendClosed, LockLost, LockTimeout, SelfDeadlock } from "../LockError.js"
-import type { Entry } from "./keeper.js"
+import type { Entry, Keeper } from "./keeper.js"
 import { awaitWakeUp, driftMs, keeperOf, monotonicMillis } from "./keeper.js"
 import type { HandleLabels, Outcome } from "./metrics.js"
 import * as metrics from "./metrics.js"
@@ -55,40 +59,6 @@ export type Body<A, E, R> = Effect.Effect<A, E, R> | ((lease: Lease) => Effect.E
 
 export const defaultWatchdogMs = 30_000
 export const defaultWaiterTtlMs = 5_000
-
-/**
- * One holder's live holds on one key, shared by all its leases (the outer one and re-entrant
- * ones, which may be released in any order). The backend's keeper watches it for as long as any
- * of them is open.
- */
-interface Held {
-  readonly backend: Service
-  readonly key: string
-  readonly holder: string
-  readonly reentrant: boolean
-  /** The fence of the grant that started the record. */
-  readonly fence: number
-  /** The holder's hold counts as the backend was last told them: every request names them. */
-  readonly counts: { exclusive: number; shared: number }
-  /** Permits of the shared hold, and the limit they count against. */
-  readonly permits: number
-  readonly limit: number
-  readonly leaseMs: number
-  readonly lost: Effect.Effect<never, LockLost>
-  readonly expiresIn: Effect.Effect<Duration.Duration>
-  /** The local deadline (monotonic ms): past it, unconfirmed, the hold is lost. */
-  readonly deadline: () => number
-  /** The `withLock` bodies running under the hold: interrupted when it is lost. */
-  readonly bodies: Set<Fiber.RuntimeFiber<unknown, unknown>>
-  /** Tells the keeper the hold ended normally: no more renewals, no deadline. */
-  readonly stop: () => void
-  /** Open leases; at 0 the record is done and a later grant starts a new holder. */
-  leases: number
-  /** Set once `lost` has failed: the hold is gone, nothing may re-enter or renew it. */
-  dead: boolean
-  /** Fails `lost` (once), stops renewals and releases what may be left of the hold. */
-  readonly lose: (reason: LockLost["reason"]) => Effect.Effect<void>
-}
 
 const isLive = (held: Held): boolean => held.leases > 0 && !held.dead
 
@@ -153,41 +123,33 @@ export const whileHeld = <A, E, R>(
   body: Effect.Effect<A, E, R>,
   restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
   close: Effect.Effect<void>
-): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> => {
-  const helds = leases.map((lease) => (lease as Lease & { readonly [heldOf]: Held })[heldOf])
-  return Effect.flatMap(Scope.make(), (scope) => Effect.withFiberRuntime((parent) => {
+): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> =>
+  Effect.flatMap(Scope.make(), (scope) => Effect.withFiberRuntime((parent) => {
+    const helds = leases.map((lease) => (lease as Lease & { readonly [heldOf]: Held })[heldOf])
     // withLock leaves the caller's holds alone: the records are the body's
-    const all = helds.reduce(
-      (acc, held) => (acc.includes(held) ? acc : addHeld(acc, held)),
-      parent.getFiberRef(heldLeases).all
-    )
+    let all = parent.getFiberRef(heldLeases).all
+    for (const held of helds) if (!all.includes(held)) all = addHeld(all, held)
     const holds: HeldLeases = { all, taken: [] }
     const callerContext = parent.getFiberRef(FiberRef.currentContext)
-    // the body's fiber refs once set up: if they are the same object when it ends, the body
-    // changed none of them and there is nothing to inherit
-    let refsAtStart: FiberRefs.FiberRefs | undefined
     // the body's fiber is new and ends with the body: its refs are set, not scoped
     const inside = Effect.zipRight(
       Effect.zipRight(
-        Effect.zipRight(
-          FiberRef.set(heldLeases, holds),
-          FiberRef.update(FiberRef.currentContext, Context.add(Scope.Scope, scope))
-        ),
-        Effect.withFiberRuntime((fiber) => {
-          refsAtStart = fiber.getFiberRefs()
-          return Effect.void
-        })
+        FiberRef.set(heldLeases, holds),
+        FiberRef.set(FiberRef.currentContext, Context.add(callerContext, Scope.Scope, scope))
       ),
       body as Effect.Effect<A, E, Exclude<R, Scope.Scope>>
     )
     return Effect.flatMap(
       Effect.fork(restore(inside)),
       (fiber) => {
-        for (const held of helds) held.bodies.add(fiber)
+        for (const held of helds) held.bodies.push(fiber)
         if (helds.some((held) => held.dead)) fiber.unsafeInterruptAsFork(FiberId.none)
         // the body's scoped resources close before the lease does
         const done = (exit: Exit.Exit<unknown, unknown>) => {
-          for (const held of helds) held.bodies.delete(fiber)
+          for (const held of helds) {
+            const i = held.bodies.indexOf(fiber)
+            if (i !== -1) held.bodies.splice(i, 1)
+          }
           // the lease ends even if a finalizer of the body dies
           return Effect.ensuring(Scope.close(scope, exit), close)
         }
@@ -196,24 +158,63 @@ export const whileHeld = <A, E, R>(
           onFailure: (cause) => Effect.zipRight(Effect.flatMap(Fiber.interrupt(fiber), done), Effect.failCause(cause)),
           onSuccess: (exit) => {
             const dead = Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause) ? helds.find((held) => held.dead) : undefined
-            const result: Effect.Effect<A, E | LockLost> = dead !== undefined
-              ? dead.lost
-              : fiber.getFiberRefs() === refsAtStart
-              ? exit
-              // the body's context carries its own scope, closed by now: the caller keeps its own
-              : Effect.zipRight(Effect.zipRight(Fiber.inheritAll(fiber), FiberRef.set(FiberRef.currentContext, callerContext)), exit)
-            return Effect.zipRight(done(exit), result)
+            if (dead !== undefined) return Effect.zipRight(done(exit), dead.lost)
+            return Effect.withFiberRuntime((_, status) =>
+              inheritsNothing(fiber, parent, holds, status.runtimeFlags)
+                ? Effect.zipRight(done(exit), exit)
+                // inherited before the body's scope closes, so that what its finalizers restore
+                // (a scoped fiber ref) stays restored; the body's context carries that scope: the
+                // caller keeps its own
+                : Effect.zipRight(
+                  Effect.zipRight(Fiber.inheritAll(fiber), FiberRef.set(FiberRef.currentContext, callerContext)),
+                  Effect.zipRight(done(exit), exit)
+                )
+            )
           }
         })
       }
     )
   }))
+
+/**
+ * Whether joining `body`, a body's fiber that has ended, would change nothing of `parent`, the
+ * fiber that forked it and has been waiting for it since, whose runtime flags are `flags` now:
+ * the body wrote no fiber ref (a ref it wrote, even back to the value it had, is joined as
+ * `Fiber.join` joins it: a ref's `join` may combine equal values), and left the runtime flags
+ * that a join passes on as they are. Its holds and context are not inherited this way (the
+ * caller keeps its own).
+ */
+const inheritsNothing = (
+  body: Fiber.RuntimeFiber<unknown, unknown>,
+  parent: Fiber.RuntimeFiber<unknown, unknown>,
+  holds: HeldLeases,
+  flags: RuntimeFlags.RuntimeFlags
+): boolean => {
+  const id = body.id()
+  for (const [ref, stack] of body.getFiberRefs().locals) {
+    const [writer, value] = stack[0]
+    if (ref === FiberRef.currentContext) continue
+    if (ref === FiberRef.currentRuntimeFlags) {
+      // what `Fiber.inheritAll` applies: the difference, less interruptibility and wind-down
+      const patch = RuntimeFlagsPatch.exclude(
+        RuntimeFlagsPatch.exclude(RuntimeFlags.diff(flags, value as RuntimeFlags.RuntimeFlags), RuntimeFlags.Interruption),
+        RuntimeFlags.WindDown
+      )
+      if (!RuntimeFlagsPatch.isEmpty(patch)) return false
+    } else if (ref === heldLeases) {
+      if (value !== holds) return false
+    } else if (Equal.equals(writer, id) || value !== parent.getFiberRef(ref)) {
+      return false
+    }
+  }
+  return true
 }
 
 const holderCounter = GlobalValue.globalValue(Symbol.for("@lockstep/core/holderCounter"), () => ({ next: 0 }))
 
 /** The live holds among `holds` on the lock's key, of every kind. */
-const liveOn = (holds: HeldLeases, spec: LockSpec): ReadonlyArray<Held> => holds.all.filter((h) => isLive(h) && isOn(h, spec))
+const liveOn = (holds: HeldLeases, spec: LockSpec): ReadonlyArray<Held> =>
+  holds.all.length === 0 ? holds.all : holds.all.filter((h) => isLive(h) && isOn(h, spec))
 
 /** The current fiber's live holds on the lock's key, of every kind. */
 const liveHolds = (spec: LockSpec): Effect.Effect<ReadonlyArray<Held>> => Effect.map(FiberRef.get(heldLeases), (holds) => liveOn(holds, spec))
@@ -232,7 +233,7 @@ export const isHeldByCurrentFiber = (spec: LockSpec): Effect.Effect<boolean> =>
     const helds = liveOn(fiber.getFiberRef(heldLeases), spec)
     if (helds.length === 0) return Effect.succeed(false)
     return Effect.map(monotonicMillis, (now) =>
-      helds.some((h) => countIn(h, spec.mode) > 0 && (spec.reentrant || !h.reentrant) && now < h.deadline()))
+      helds.some((h) => countIn(h, spec.mode) > 0 && (spec.reentrant || !h.reentrant) && now < h.deadline))
   })
 
 /**
@@ -353,9 +354,13 @@ const runGranted = <A, E, R>(
   })
 }
 
+/** Effect's built-in tracer: its spans go nowhere, so an acquisition under it makes none. */
+const nativeTracer = Context.get(DefaultServices.liveServices, Tracer.Tracer)
+
 /**
  * One acquisition, observed: a `lockstep.acquire` span (key, kind, permits, then fence, wait and
- * outcome) and the acquisition metrics. Stack traces are not captured: this is every lock's path.
+ * outcome) when a tracer is installed, and the acquisition metrics. Stack traces are not
+ * captured: this is every lock's path.
  */
 const acquireGrant = (
   spec: LockSpec,
@@ -363,28 +368,35 @@ const acquireGrant = (
   timeoutMs: number | undefined,
   retry: Retry,
   restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
-): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
-  Effect.useSpan(
-    "lockstep.acquire",
-    {
-      kind: "client",
-      captureStackTrace: false,
-      attributes: { "lockstep.key": spec.key, "lockstep.kind": spec.kind, "lockstep.permits": permits }
-    },
-    (span) =>
-      Effect.withFiberRuntime((fiber) => {
-        const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
-        const startedAt = clock.unsafeCurrentTimeNanos()
-        return Effect.onExit(
-          attemptGrant(spec, permits, timeoutMs, retry, restore),
-          (exit) => Effect.sync(() => observeAcquisition(spec, span, exit, startedAt, clock.unsafeCurrentTimeNanos()))
-        )
-      })
+): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
+  /** The attempts, timed on the fiber's clock and observed (with `span`, if any) when they end. */
+  const observed = (span: Tracer.Span | undefined): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
+    Effect.withFiberRuntime((fiber) => {
+      const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+      const startedAt = clock.unsafeCurrentTimeNanos()
+      return Effect.onExit(
+        attemptGrant(spec, permits, timeoutMs, retry, restore),
+        (exit) => Effect.sync(() => observeAcquisition(spec, span, exit, startedAt, clock.unsafeCurrentTimeNanos()))
+      )
+    })
+  return Effect.withFiberRuntime((fiber) =>
+    Context.get(fiber.currentDefaultServices, Tracer.Tracer) === nativeTracer
+      ? observed(undefined)
+      : Effect.useSpan(
+        "lockstep.acquire",
+        {
+          kind: "client",
+          captureStackTrace: false,
+          attributes: { "lockstep.key": spec.key, "lockstep.kind": spec.kind, "lockstep.permits": permits }
+        },
+        observed
+      )
   )
+}
 
 const observeAcquisition = (
   spec: LockSpec,
-  span: Tracer.Span,
+  span: Tracer.Span | undefined,
   exit: Exit.Exit<Option.Option<Grant>, AttemptError | LockTimeout>,
   startedAt: bigint,
   endedAt: bigint
@@ -394,8 +406,10 @@ const observeAcquisition = (
   if (Exit.isSuccess(exit)) {
     if (Option.isSome(exit.value)) {
       outcome = "granted"
-      span.attribute("lockstep.fence", exit.value.value.lease.fence)
-      span.attribute("lockstep.holder", exit.value.value.lease.holder)
+      if (span !== undefined) {
+        span.attribute("lockstep.fence", exit.value.value.lease.fence)
+        span.attribute("lockstep.holder", exit.value.value.lease.holder)
+      }
     } else {
       outcome = "unavailable"
     }
@@ -404,8 +418,10 @@ const observeAcquisition = (
     if (Option.isNone(failure)) return // interrupted: neither granted nor failed
     outcome = failure.value._tag === "LockTimeout" ? "timeout" : "error"
   }
-  span.attribute("lockstep.wait_ms", seconds * 1000)
-  span.attribute("lockstep.outcome", outcome)
+  if (span !== undefined) {
+    span.attribute("lockstep.wait_ms", seconds * 1000)
+    span.attribute("lockstep.outcome", outcome)
+  }
   metrics.recordAcquisition(spec.labels, outcome, seconds)
 }
 
@@ -453,7 +469,7 @@ const attemptOnce = (
       const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
       const mine = liveOn(fiber.getFiberRef(heldLeases), spec)
       const found = spec.reentrant ? mine.find((h) => h.reentrant) : undefined
-      const deadlock = selfDeadlock(spec, permits, mine, found)
+      const deadlock = mine.length === 0 ? undefined : selfDeadlock(spec, permits, mine, found)
       if (deadlock !== undefined) return Effect.fail(deadlock)
       const holder = found?.holder ?? `${spec.backend.clientId}:${++holderCounter.next}`
       const request: AcquireRequest = {
@@ -509,16 +525,16 @@ const attemptOnce = (
           if (first._tag === "Denied" && !stale && timeoutMs !== 0) {
             return Effect.flatMap(
               waitForGrant(spec, request, attempt, () => stale, startedAt, timeoutMs, restore),
-              () => finish
+              finish
             )
           }
           if (first._tag === "Denied" && !stale && spec.fair) {
             // a denied fair attempt queued us; a try-acquire must not stay in the queue
-            return Effect.zipRight(cancel(spec, holder), finish)
+            return Effect.zipRight(cancel(spec, holder), Effect.suspend(finish))
           }
-          return finish
+          return finish()
         }
-        const finish: Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> = Effect.suspend(() => {
+        const finish = (): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
           if (stale) {
             return Effect.flatMap(monotonicMillis, (now) => {
               // start over as a new holder, within what is left of the wait; like the first
@@ -529,7 +545,7 @@ const attemptOnce = (
             })
           }
           return Effect.succeed(Option.fromNullable(granted))
-        })
+        }
         return Effect.flatMap(attemptAt(startedAt), settle)
       }
     })
@@ -623,7 +639,7 @@ const attach = (
  * it); the last one ends the record, which the keeper and the fiber forget.
  */
 const closeLease = (spec: LockSpec, record: Held): Effect.Effect<void> =>
-  Effect.suspend(() => {
+  Effect.withFiberRuntime((fiber) => {
     record.leases--
     const count = countIn(record, spec.mode)
     if (spec.mode === "exclusive") record.counts.exclusive = Math.max(0, count - 1)
@@ -632,17 +648,15 @@ const closeLease = (spec: LockSpec, record: Held): Effect.Effect<void> =>
     if (record.leases > 0) return released
     record.stop()
     // the fiber closing the last lease forgets the record, if it has it (withLock's caller never does)
-    return Effect.withFiberRuntime((fiber) => {
-      const leases = fiber.getFiberRef(heldLeases)
-      if (!leases.all.includes(record) && !leases.taken.includes(record)) return released
-      return Effect.zipRight(
-        FiberRef.set(heldLeases, {
-          all: leases.all.filter((h) => h !== record && isLive(h)),
-          taken: leases.taken.filter((h) => h !== record && isLive(h))
-        }),
-        released
-      )
-    })
+    const leases = fiber.getFiberRef(heldLeases)
+    if (!leases.all.includes(record) && !leases.taken.includes(record)) return released
+    return Effect.zipRight(
+      FiberRef.set(heldLeases, {
+        all: leases.all.filter((h) => h !== record && isLive(h)),
+        taken: leases.taken.filter((h) => h !== record && isLive(h))
+      }),
+      released
+    )
   })
 
 /**
@@ -691,92 +705,135 @@ const release = (spec: LockSpec, record: Held, count: number): Effect.Effect<voi
   )
 
 /**
- * Starts a holder's record and hands it to the backend's keeper, which fails `lost` when the
- * local deadline passes unconfirmed and (without a fixed lease) renews the hold every watchdog / 3,
- * moving the deadline on each confirmed renewal and failing `lost` when a renewal reports the hold
- * gone. Any other failure of a renewal is retried until the deadline decides. Once lost, the hold
- * is dead: the keeper forgets it, the bodies running under it are interrupted and what may be
- * left of it on the backend is released.
+ * One holder's live holds on one key, shared by all its leases (the outer one and re-entrant
+ * ones, which may be released in any order), and the backend keeper's entry for it: the keeper
+ * fails `lost` when the local deadline passes unconfirmed and (without a fixed lease) renews the
+ * hold every watchdog / 3, moving the deadline on each confirmed renewal and failing `lost` when a
+ * renewal reports the hold gone. Any other failure of a renewal is retried until the deadline
+ * decides. Once lost, the hold is dead: the keeper forgets it, the bodies running under it are
+ * interrupted and what may be left of it on the backend is released.
  */
+class Held implements Entry {
+  readonly backend: Service
+  readonly key: string
+  readonly reentrant: boolean
+  /** The holder's hold counts as the backend was last told them: every request names them. */
+  readonly counts = { exclusive: 0, shared: 0 }
+  /** Permits of the shared hold, and the limit they count against. */
+  readonly permits: number
+  readonly limit: number
+  readonly leaseMs: number
+  /** The `withLock` bodies running under the hold: interrupted when it is lost. */
+  readonly bodies: Array<Fiber.RuntimeFiber<unknown, unknown>> = []
+  /** Open leases; at 0 the record is done and a later grant starts a new holder. */
+  leases = 1
+  /** Set once `lost` has failed: the hold is gone, nothing may re-enter or renew it. */
+  dead = false
+  // the keeper's entry
+  readonly watchdogMs: number | undefined
+  /** The local deadline (monotonic ms): past it, unconfirmed, the hold is lost. */
+  deadline: number
+  confirmedAt: number
+  attemptedAt = -Infinity
+  renewing = false
+  done = false
+  at = Infinity
+  index = -1
+  /** Made when someone first waits on `lost`: most leases end without anyone asking. */
+  private lostSignal: Deferred.Deferred<never, LockLost> | undefined = undefined
+  private lostWith: LockLost | undefined = undefined
+
+  constructor(
+    readonly spec: LockSpec,
+    readonly keeper: Keeper,
+    readonly holder: string,
+    /** The fence of the grant that started the record. */
+    readonly fence: number,
+    permits: number,
+    leaseMs: number,
+    sentAt: number
+  ) {
+    this.backend = spec.backend
+    this.key = spec.key
+    this.reentrant = spec.reentrant
+    this.permits = spec.mode === "shared" ? permits : 0
+    this.limit = spec.limit
+    this.leaseMs = leaseMs
+    this.watchdogMs = spec.leaseMs === undefined ? spec.watchdogMs : undefined
+    // measured from before the granted request was sent, less the drift allowance, so it never
+    // outlasts the backend's expiry
+    this.deadline = sentAt + leaseMs - driftMs(leaseMs)
+    this.confirmedAt = sentAt
+  }
+
+  get lost(): Effect.Effect<never, LockLost> {
+    return Effect.suspend(() => {
+      if (this.lostWith !== undefined) return Effect.fail(this.lostWith)
+      this.lostSignal ??= Deferred.unsafeMake<never, LockLost>(FiberId.none)
+      return Deferred.await(this.lostSignal)
+    })
+  }
+
+  get expiresIn(): Effect.Effect<Duration.Duration> {
+    return Effect.map(monotonicMillis, (now) => Duration.millis(Math.max(0, this.deadline - now)))
+  }
+
+  /** Tells the keeper the hold ended normally: no more renewals, no deadline. */
+  stop(): void {
+    this.forget()
+  }
+
+  /** The keeper and the held-leases gauge let go of the record once, however it ends. */
+  private forget(): void {
+    if (this.done) return
+    this.keeper.remove(this)
+    metrics.recordHeld(this.spec.labels, -1)
+  }
+
+  onLost(reason: LockLost["reason"]): Effect.Effect<void> {
+    return this.lose(reason)
+  }
+
+  /** Fails `lost` (once), stops renewals and releases what may be left of the hold. */
+  lose(reason: LockLost["reason"]): Effect.Effect<void> {
+    return Effect.uninterruptible(Effect.suspend(() => {
+      if (this.dead) return Effect.void
+      this.dead = true
+      this.forget()
+      const spec = this.spec
+      metrics.recordLost(spec.labels, reason)
+      const remnant = (["exclusive", "shared"] as const).filter((mode) => countIn(this, mode) > 0)
+      const lostWith = new LockLost({
+        key: spec.key,
+        holder: this.holder,
+        reason,
+        fixedLease: spec.leaseMs === undefined ? undefined : Duration.millis(spec.leaseMs)
+      })
+      this.lostWith = lostWith
+      if (this.lostSignal !== undefined) Deferred.unsafeDone(this.lostSignal, Effect.fail(lostWith))
+      for (const body of this.bodies) body.unsafeInterruptAsFork(FiberId.none)
+      const logged = Effect.annotateLogs(Effect.logWarning("lockstep: lease lost"), {
+        "lockstep.key": spec.key,
+        "lockstep.holder": this.holder,
+        "lockstep.reason": reason
+      })
+      // a release from count 1 ends the holder whatever its count was
+      return Effect.zipRight(logged, Effect.forEach(remnant, (mode) =>
+        Effect.ignore(spec.backend.release({
+          key: spec.key,
+          holder: this.holder,
+          mode,
+          count: 1,
+          leaseMs: this.leaseMs
+        })), { discard: true }))
+    }))
+  }
+}
+
+/** Starts a holder's record and hands it to the backend's keeper. */
 const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentAt: number): Effect.Effect<Held> =>
   Effect.suspend(() => {
-    // made when someone first waits on `lost`: most leases end without anyone asking
-    let lost: Deferred.Deferred<never, LockLost> | undefined
-    let lostWith: LockLost | undefined
-    const keeper = keeperOf(spec.backend)
-    const entry: Entry = {
-      key: spec.key,
-      holder: request.holder,
-      watchdogMs: spec.leaseMs === undefined ? spec.watchdogMs : undefined,
-      // measured from before the granted request was sent, less the drift allowance, so it never
-      // outlasts the backend's expiry
-      deadline: sentAt + request.leaseMs - driftMs(request.leaseMs),
-      confirmedAt: sentAt,
-      attemptedAt: -Infinity,
-      renewing: false,
-      done: false,
-      at: Infinity,
-      index: -1,
-      onLost: (reason) => held.lose(reason)
-    }
-    const held: Held = {
-      backend: spec.backend,
-      key: spec.key,
-      holder: request.holder,
-      reentrant: spec.reentrant,
-      fence,
-      counts: { exclusive: 0, shared: 0 },
-      permits: spec.mode === "shared" ? request.permits : 0,
-      limit: spec.limit,
-      leaseMs: request.leaseMs,
-      lost: Effect.suspend(() => {
-        if (lostWith !== undefined) return Effect.fail(lostWith)
-        lost ??= Deferred.unsafeMake<never, LockLost>(FiberId.none)
-        return Deferred.await(lost)
-      }),
-      expiresIn: Effect.map(monotonicMillis, (now) => Duration.millis(Math.max(0, entry.deadline - now))),
-      deadline: () => entry.deadline,
-      leases: 1,
-      dead: false,
-      bodies: new Set(),
-      stop: () => forget(),
-      lose: (reason) =>
-        Effect.uninterruptible(Effect.suspend(() => {
-          if (held.dead) return Effect.void
-          held.dead = true
-          forget()
-          metrics.recordLost(spec.labels, reason)
-          const remnant = (["exclusive", "shared"] as const).filter((mode) => countIn(held, mode) > 0)
-          lostWith = new LockLost({
-            key: spec.key,
-            holder: request.holder,
-            reason,
-            fixedLease: spec.leaseMs === undefined ? undefined : Duration.millis(spec.leaseMs)
-          })
-          if (lost !== undefined) Deferred.unsafeDone(lost, Effect.fail(lostWith))
-          for (const body of held.bodies) body.unsafeInterruptAsFork(FiberId.none)
-          const logged = Effect.annotateLogs(Effect.logWarning("lockstep: lease lost"), {
-            "lockstep.key": spec.key,
-            "lockstep.holder": request.holder,
-            "lockstep.reason": reason
-          })
-          // a release from count 1 ends the holder whatever its count was
-          return Effect.zipRight(logged, Effect.forEach(remnant, (mode) =>
-            Effect.ignore(spec.backend.release({
-              key: spec.key,
-              holder: request.holder,
-              mode,
-              count: 1,
-              leaseMs: request.leaseMs
-            })), { discard: true }))
-        }))
-    }
-    // the keeper and the held-leases gauge let go of the record once, however it ends
-    const forget = () => {
-      if (entry.done) return
-      keeper.remove(entry)
-      metrics.recordHeld(spec.labels, -1)
-    }
+    const held = new Held(spec, keeperOf(spec.backend), request.holder, fence, request.permits, request.leaseMs, sentAt)
     metrics.recordHeld(spec.labels, 1)
-    return Effect.as(keeper.add(entry), held)
+    return Effect.as(held.keeper.add(held), held)
   })
