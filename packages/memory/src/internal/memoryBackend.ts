@@ -1,5 +1,5 @@
-import type { Clock, Scope } from "effect"
-import { Effect, Either, Exit } from "effect"
+import type { Scope } from "effect"
+import { Clock, Context, Effect, Either, Exit } from "effect"
 import * as LockBackend from "@lockstep/core/LockBackend"
 import * as LockError from "@lockstep/core/LockError"
 import { makeRemembered, type Remembered } from "./remembered.js"
@@ -28,11 +28,15 @@ interface KeyData {
   limit: number | undefined
   queue: Array<Waiter>
   /**
-   * Holders that ended (`!<holder>` when their release was answered NotHeld, `force|<0|1>|<id>` for
-   * applied forced releases and their answer), until a time each: late copies of their operations
-   * change nothing and answer as the first did.
+   * Holders that ended (and `force|<0|1>|<id>` for applied forced releases and their answer), until
+   * a time each: late copies of their operations change nothing and answer as the first did.
    */
   readonly ended: Remembered
+  /**
+   * Holders whose release was answered NotHeld, until a time each; made when the first is (rare:
+   * every acquisition of a new holder would otherwise look for it in a second table).
+   */
+  notHeld: Remembered | undefined
   /** The last fence issued, and until when it must be remembered (0 once it may be forgotten). */
   fence: number
   fenceUntil: number
@@ -46,6 +50,9 @@ interface Sub {
   signalled: boolean
   /** A wake-up was consumed and no attempt of the holder has used it yet. */
   woken: boolean
+  /** What the holder's last attempt asked for (shared): how many permits, of what limit. */
+  permits: number
+  limit: number | undefined
   closed: boolean
   /** Fibers currently suspended in `await`. */
   readonly resumers: Set<() => void>
@@ -102,14 +109,12 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     f: (now: number) => Effect.Effect<A, E>
   ): Effect.Effect<A, E | LockError.BackendError> =>
     // monotonic: a wall-clock step must not expire leases early
-    Effect.clockWith((clock: Clock.Clock) =>
-      Effect.suspend((): Effect.Effect<A, E | LockError.BackendError> => {
-        if (closed) return Effect.fail(LockError.backendClosed({ operation, backend: "memory backend" }))
-        const now = Number(clock.unsafeCurrentTimeNanos()) / 1_000_000
-        if (++operations % sweepEvery === 0) sweep(now)
-        return f(now)
-      })
-    )
+    Effect.withFiberRuntime((fiber): Effect.Effect<A, E | LockError.BackendError> => {
+      if (closed) return Effect.fail(LockError.backendClosed({ operation, backend: "memory backend" }))
+      const now = Number(Context.get(fiber.currentDefaultServices, Clock.Clock).unsafeCurrentTimeNanos()) / 1_000_000
+      if (++operations % sweepEvery === 0) sweep(now)
+      return f(now)
+    })
 
   /** Drops expired holders and queue entries; `true` if a holder or waiter was dropped. */
   const prune = (key: string, now: number): boolean => {
@@ -131,6 +136,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       }
     }
     data.ended.forget(now)
+    data.notHeld?.forget(now)
     return dropped
   }
 
@@ -142,7 +148,10 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   const tidy = (key: string, now: number): void => {
     const data = keys.get(key)
     if (data === undefined) return
-    if (data.holders.size === 0 && data.queue.length === 0 && data.ended.size() === 0 && data.fenceUntil <= now) {
+    if (
+      data.holders.size === 0 && data.queue.length === 0 && data.ended.size() === 0 &&
+      (data.notHeld === undefined || data.notHeld.size() === 0) && data.fenceUntil <= now
+    ) {
       keys.delete(key)
       return
     }
@@ -167,7 +176,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   const keyData = (key: string): KeyData => {
     let data = keys.get(key)
     if (data === undefined) {
-      data = { holders: new Map(), limit: undefined, queue: [], ended: makeRemembered(), fence: 0, fenceUntil: 0 }
+      data = { holders: new Map(), limit: undefined, queue: [], ended: makeRemembered(), notHeld: undefined, fence: 0, fenceUntil: 0 }
       keys.set(key, data)
     }
     return data
@@ -184,8 +193,15 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     return data.fence
   }
 
-  /** The entry of a holder whose release was answered NotHeld. */
-  const notHeldId = (holder: string) => `!${holder}`
+  /** Whether `holder`'s release was answered NotHeld recently enough to be remembered. */
+  const wasNotHeld = (data: KeyData | undefined, holder: string, now: number): boolean =>
+    data?.notHeld !== undefined && data.notHeld.has(holder, now)
+
+  /** Remembers that `holder`'s release was answered NotHeld. */
+  const rememberNotHeld = (data: KeyData, holder: string, until: number): void => {
+    data.notHeld ??= makeRemembered()
+    data.notHeld.set(holder, until)
+  }
   /** The entry of an applied forced release, with its answer. */
   const forcedId = (id: string, held: boolean) => `force|${held ? 1 : 0}|${id}`
 
@@ -220,10 +236,21 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       if (head === undefined) break
     }
     if (chosen === undefined) return
-    signal(chosen)
-    // freed capacity may fit several shared waiters, and a denied one would not pass it on
-    if (chosen.mode === "shared") {
-      for (const sub of subs) if (!sub.signalled && sub.mode === "shared" && sub.holder !== except) signal(sub)
+    if (chosen.mode !== "shared") return signal(chosen)
+    // freed permits may fit several shared waiters, and a denied one would not pass the wake-up
+    // on: wake those they fit, less what the waiters already woken (and yet to try) will take
+    const data = keys.get(key)
+    const limit = chosen.limit ?? data?.limit ?? Infinity
+    let room = limit
+    if (data !== undefined) for (const hold of data.holders.values()) if (hold.shared > 0) room -= hold.permits
+    for (const sub of subs) {
+      if (sub.mode === "shared" && (sub.signalled || sub.woken) && sub.holder !== except) room -= sub.permits
+    }
+    for (const sub of [chosen, ...subs]) {
+      if (room <= 0) return
+      if (sub.signalled || sub.mode !== "shared" || sub.holder === except || sub.permits > room) continue
+      signal(sub)
+      room -= sub.permits
     }
   }
 
@@ -329,7 +356,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       return { _tag: "Granted", fence: own.fence, count: request.count }
     }
     // Not a holder: a re-entry whose hold is gone, or a late copy from a holder that ended.
-    if (request.count > 1 || hasEnded(data, holder, now) || hasEnded(data, notHeldId(holder), now)) {
+    if (request.count > 1 || hasEnded(data, holder, now) || wasNotHeld(data, holder, now)) {
       return new LockError.NotHeld({ key, holder })
     }
     const blockers = blockersOf(data, request)
@@ -355,7 +382,14 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       const outcome = acquireOnce(request, now)
       // this attempt is what a wake-up of the holder was for: it no longer needs handing on
       const subs = subscriptions.get(request.key)
-      if (subs !== undefined) for (const sub of subs) if (sub.holder === request.holder) sub.woken = false
+      if (subs !== undefined) {
+        for (const sub of subs) {
+          if (sub.holder !== request.holder) continue
+          sub.woken = false
+          sub.permits = request.permits
+          sub.limit = request.limit
+        }
+      }
       // A shared grant passes the wake-up on so several readers / permit takers can enter after
       // one release; the requester itself is awake already.
       const sharedGrant = request.mode === "shared" && outcome._tag === "Granted"
@@ -376,7 +410,8 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
         // holder is remembered as ended either way, so a late copy of its acquisition grants nothing
         const released = hasEnded(data, holder, now)
         outcome = released ? Effect.succeed(0) : Effect.fail(new LockError.NotHeld({ key, holder }))
-        remember(keyData(key), released ? holder : notHeldId(holder), now + leaseMs)
+        if (released) remember(keyData(key), holder, now + leaseMs)
+        else rememberNotHeld(keyData(key), holder, now + leaseMs)
       } else {
         const current = mode === "exclusive" ? hold.exclusive : hold.shared
         // a count below the caller's: a copy of a release already applied
@@ -515,7 +550,17 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     Effect.acquireRelease(
       Effect.suspend(() => {
         if (closed) return Effect.fail(LockError.backendClosed({ operation: "subscribe", backend: "memory backend" }))
-        const sub: Sub = { key, holder, mode, signalled: false, woken: false, closed: false, resumers: new Set() }
+        const sub: Sub = {
+          key,
+          holder,
+          mode,
+          signalled: false,
+          woken: false,
+          permits: 1,
+          limit: undefined,
+          closed: false,
+          resumers: new Set()
+        }
         let subs = table.get(key)
         if (subs === undefined) {
           subs = new Set()
@@ -661,7 +706,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       let ended = 0
       for (const data of keys.values()) {
         if (data.fence > 0) fences++
-        ended += data.ended.size()
+        ended += data.ended.size() + (data.notHeld?.size() ?? 0)
       }
       return { keys: keys.size, subscribedKeys: subscriptions.size, subscriptions: subs, fences, ended }
     }
