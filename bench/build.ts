@@ -14,7 +14,7 @@ const here = fileURLToPath(new URL(".", import.meta.url))
 
 await build({
   absWorkingDir: here,
-  entryPoints: ["src/main.ts", "src/worker.ts"],
+  entryPoints: ["src/main.ts", "src/worker.ts", "src/profile.ts"],
   outdir: ".build",
   outExtension: { ".js": ".mjs" },
   bundle: true,

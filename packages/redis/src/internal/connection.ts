@@ -558,13 +558,16 @@ export interface Tracker {
    * flight (see deadlines.ts). Once a call has waited the whole timeout on a connection that is
    * down (it reported a connection error and has not been ready since), later calls on it (on a
    * cluster: to the same `slot`) fail at once until it answers again: the timeout bounds how long
-   * an outage stalls a caller, not each call it makes.
+   * an outage stalls a caller, not each call it makes. When the promise fails, `fallback` may
+   * answer its failure with another promise (EVAL after NOSCRIPT), which the call then settles
+   * with, within the same deadline.
    */
   readonly call: <A>(
     operation: string,
     promise: () => Promise<A>,
     role?: Role,
-    slot?: number | undefined
+    slot?: number | undefined,
+    fallback?: ((cause: unknown) => Promise<A> | undefined) | undefined
   ) => Effect.Effect<A, BackendError>
   /** A BackendError naming the endpoint and, while `role`'s connection is down, its last error. */
   readonly fail: (operation: string, cause: unknown, role?: Role) => BackendError
@@ -580,7 +583,10 @@ export interface Tracker {
   readonly closedError: (operation: string) => BackendError
   /** `error` naming the endpoint (unchanged if it already does). */
   readonly locate: (error: BackendError) => BackendError
-  /** `service` whose every BackendError names the endpoint. */
+  /**
+   * `service` whose every BackendError names the endpoint. Its acquire and release are taken as
+   * they are: every BackendError they fail with must come from `call` or `fail`.
+   */
   readonly locateAll: (service: Service) => Service
   /** One PING within the command timeout (or until ioredis gives up): BackendError "connect" if it fails. */
   readonly ping: Effect.Effect<void, BackendError>
@@ -685,18 +691,22 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
         ? error
         : new BackendError({ operation: error.operation, cause: error.cause, endpoint, detail: error.detail ?? detailOf(error.cause, "commands") })
 
-    const locateAny = <E>(error: E): E | BackendError => error instanceof BackendError ? locate(error) : error
-
     const deadlines = makeDeadlines(Duration.toMillis(timeout))
     /** A reply, or an error reply: the server answers again. */
     const heard = (route: string, cause?: unknown) => {
       if (cause === undefined || isReplyError(cause)) silentSince.delete(route)
     }
-    const call = <A>(operation: string, promise: () => Promise<A>, role: Role = "commands", slot?: number) =>
+    const call = <A>(
+      operation: string,
+      promise: () => Promise<A>,
+      role: Role = "commands",
+      slot?: number,
+      fallback?: (cause: unknown) => Promise<A> | undefined
+    ) =>
       Effect.async<A, BackendError>((resume) => {
         if (closed) return resume(Effect.fail(closedError(operation)))
         const route = slot === undefined ? role : `${role}:${slot}`
-        const since = silentSince.get(route)
+        const since = silentSince.size === 0 ? undefined : silentSince.get(route)
         if (since !== undefined && lastError.has(role)) {
           // a connection that is down and left a call unanswered for the whole timeout: the call
           // still goes out when it is back (after those, in order: the release of an attempt
@@ -704,7 +714,12 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
           // acquisition cleaning up after its attempt timed out would take twice the timeout). A
           // connection that is up but silent (a paused server) may answer any moment: its calls
           // wait as usual
-          promise().then(() => heard(route), (cause: unknown) => heard(route, cause))
+          const onFailure = (cause: unknown) => {
+            const next = fallback?.(cause)
+            if (next === undefined) return heard(route, cause)
+            next.then(() => heard(route), (cause: unknown) => heard(route, cause))
+          }
+          promise().then(() => heard(route), onFailure)
           const silentFor = Duration.format(Duration.millis(Math.round(performance.now() - since)))
           return resume(Effect.fail(failOpen(
             operation,
@@ -720,16 +735,22 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
             role
           )))
         })
+        const onSuccess = (value: A) => {
+          deadlines.end(pending)
+          if (silentSince.size > 0) heard(route)
+          resume(Effect.succeed(value))
+        }
+        const onFailure = (cause: unknown) => {
+          deadlines.end(pending)
+          heard(route, cause)
+          resume(Effect.fail(failOpen(operation, cause, role)))
+        }
         promise().then(
-          (value) => {
-            deadlines.end(pending)
-            heard(route)
-            resume(Effect.succeed(value))
-          },
-          (cause: unknown) => {
-            deadlines.end(pending)
-            heard(route, cause)
-            resume(Effect.fail(failOpen(operation, cause, role)))
+          onSuccess,
+          fallback === undefined ? onFailure : (cause: unknown) => {
+            const next = fallback(cause)
+            if (next === undefined) onFailure(cause)
+            else next.then(onSuccess, onFailure)
           }
         )
         // no canceler: an interrupted call's entry simply expires (its late resume is ignored),
@@ -761,8 +782,8 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
       locate,
       locateAll: (service) => ({
         ...service,
-        acquire: (request) => Effect.mapError(service.acquire(request), locateAny),
-        release: (request) => Effect.mapError(service.release(request), locateAny),
+        // acquire and release fail only with errors made by `call` and `fail`, which name the
+        // endpoint already: they go as they are, without an error handler around every call
         renew: (requests) => Effect.mapError(service.renew(requests), locate),
         inspect: (key) => Effect.mapError(service.inspect(key), locate),
         forceRelease: (request) => Effect.mapError(service.forceRelease(request), locate),

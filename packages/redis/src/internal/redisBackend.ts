@@ -55,6 +55,36 @@ export const keysOf = (key: string, memo = `lockstep_ended:{${key}}`) => [
 /** Where a holder that ended is remembered. */
 export const endedKeyOf = (key: string, holder: string) => `lockstep_ended:{${key}}:${holder}`
 
+/** The keys of lock `key` that are the same on every call (`keysOf`), and the prefix of its ended keys. */
+interface KeySet {
+  readonly keys: ReadonlyArray<string>
+  readonly endedPrefix: string
+}
+
+/** Lock keys whose `KeySet` is kept; past that many, the cache starts over. */
+const keySetsKept = 4096
+const keySets = new Map<string, KeySet>()
+
+/**
+ * The `KeySet` of `key`, built once and kept: acquire and release name the same seven keys of a
+ * lock on every call (the eighth is the holder's), which are not built again for each call.
+ */
+const keySetOf = (key: string): KeySet => {
+  let set = keySets.get(key)
+  if (set === undefined) {
+    if (keySets.size >= keySetsKept) keySets.clear()
+    set = { keys: keysOf(key), endedPrefix: `lockstep_ended:{${key}}:` }
+    keySets.set(key, set)
+  }
+  return set
+}
+
+/** `keysOf(key, endedKeyOf(key, holder))`, from the kept `KeySet`. */
+const holderKeysOf = (key: string, holder: string): Array<string> => {
+  const { endedPrefix, keys } = keySetOf(key)
+  return [keys[0]!, keys[1]!, keys[2]!, keys[3]!, keys[4]!, endedPrefix + holder, keys[6]!, keys[7]!]
+}
+
 export const channelOf = (key: string) => `redisson_lock__channel:{${key}}`
 
 /** The server's epoch record, which the failover quarantine keeps (one per server). */
@@ -81,6 +111,14 @@ export const latchKeysOf = (key: string) => [key, `lockstep_latch_applied:{${key
 
 /** Redisson's RCountDownLatch channel. */
 export const latchChannelOf = (key: string) => `redisson_countdownlatch__channel__{${key}}`
+
+/** EVALSHA / EVAL with the keys and the arguments as arrays, which ioredis flattens. */
+type Evalsha = (
+  script: string,
+  numKeys: number,
+  keys: ReadonlyArray<string>,
+  args: ReadonlyArray<string | number>
+) => Promise<unknown>
 
 const isNoScript = (error: unknown) => error instanceof Error && error.message.startsWith("NOSCRIPT")
 
@@ -115,15 +153,15 @@ export const make = (
      * with the reply, or fails with BackendError (naming the endpoint and the connection's
      * trouble) once the command timeout passes: see `Tracker.call`.
      */
+    const scripting = client as unknown as { readonly evalsha: Evalsha; readonly eval: Evalsha }
     const run = (s: Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) =>
       connection.call(
         s.name,
-        () =>
-          client.evalsha(s.sha, keys.length, ...keys, ...args).catch((error: unknown) =>
-            isNoScript(error) ? client.eval(s.lua, keys.length, ...keys, ...args) : Promise.reject(error)
-          ),
+        // ioredis flattens array arguments one level: the keys and arguments go as they are
+        () => scripting.evalsha(s.sha, keys.length, keys, args),
         "commands",
-        isCluster ? calculateSlot(keys[0]!) : undefined
+        isCluster ? calculateSlot(keys[0]!) : undefined,
+        (error) => isNoScript(error) ? scripting.eval(s.lua, keys.length, keys, args) : undefined
       )
 
     // replica acknowledgement (`replication`): checked before anything is opened; a mistake in it
@@ -241,7 +279,8 @@ export const make = (
 
     const acquire = (request: LockBackend.AcquireRequest) =>
       Effect.suspend(() => {
-        const channel = channelOf(request.key)
+        const keys = holderKeysOf(request.key, request.holder)
+        const channel = keys[2]!
         const code = wakeCode(request.holder)
         const limit = request.limit === Infinity ? -1 : request.limit
         // only a waiter on a subscription registers: a release may then wake it by its code
@@ -264,7 +303,6 @@ export const make = (
           code,
           register ? "1" : "0"
         ]
-        const keys = keysOf(request.key, endedKeyOf(request.key, request.holder))
         if (quarantine !== undefined) {
           if (typeof quarantine === "string") return Effect.fail(new InvalidLockOptions({ field: "quarantine", reason: quarantine }))
           if (request.leaseMs > quarantine) {
@@ -314,9 +352,8 @@ export const make = (
               case 5:
                 return Effect.fail(new NotHeld({ key: request.key, holder: request.holder }))
               default:
-                return Effect.fail(
-                  new BackendError({ operation: "acquire", cause: new Error(`unexpected reply ${String(reply)}`) })
-                )
+                // named like every other BackendError of acquire (see `Tracker.locateAll`)
+                return Effect.fail(connection.fail("acquire", new Error(`unexpected reply ${String(reply)}`)))
             }
           }
         )
@@ -324,7 +361,7 @@ export const make = (
 
     const release = (request: LockBackend.ReleaseRequest) =>
       Effect.flatMap(
-        run(releaseScript, keysOf(request.key, endedKeyOf(request.key, request.holder)), [
+        run(releaseScript, holderKeysOf(request.key, request.holder), [
           request.holder,
           request.mode === "exclusive" ? "x" : "s",
           request.count,
@@ -477,7 +514,7 @@ export const make = (
         Effect.asVoid(runAcknowledged(raiseFenceScript, [keysOf(key)[1]!], [fence, leaseMs], "fence raise", () => true)),
       cancel: ({ holder, key, leaseMs }) =>
         Effect.asVoid(
-          run(cancelScript, keysOf(key, endedKeyOf(key, holder)), [holder, leaseMs, `${wakeCode(holder)}|${holder}`])
+          run(cancelScript, holderKeysOf(key, holder), [holder, leaseMs, `${wakeCode(holder)}|${holder}`])
         ),
       subscribe: (key, holder, mode) =>
         whileOpen(
