@@ -513,25 +513,38 @@ export const duplicateOf = (client: Client, overrides: RedisOptions = {}): Clien
  */
 export const subscriberFor = (client: Client): Client => duplicateOf(client)
 
+/** Per connection in its handshake, the commands waiting for it to end (one pair of listeners for all). */
+const afterHandshake = new WeakMap<Client, Array<() => void>>()
+
 /**
  * Runs a (UN)SUBSCRIBE on `subscriber` once it is not handshaking. ioredis writes commands a
  * loading server accepts, SUBSCRIBE among them, while a connection is still handshaking; the INFO
  * of its ready check is then refused in subscriber mode, which ioredis takes for a fatal error: it
  * fails the SUBSCRIBE and reconnects. Ready, or between connections (the command is queued until
- * the next ready), the command goes out at once.
+ * the next ready), the command goes out at once. The commands that wait go out in the order they
+ * came, on the first 'ready' or 'close', all behind one pair of listeners: a burst of waiters
+ * must not add a listener each (Node warns past 10).
  */
-export const whenNotHandshaking = <A>(subscriber: Client, command: () => Promise<A>): Promise<A> =>
-  subscriber.status !== "connect"
-    ? command()
-    : new Promise<A>((resolve, reject) => {
-      const go = () => {
-        subscriber.off("ready", go)
-        subscriber.off("close", go)
-        command().then(resolve, reject)
-      }
-      subscriber.on("ready", go)
-      subscriber.on("close", go)
-    })
+export const whenNotHandshaking = <A>(subscriber: Client, command: () => Promise<A>): Promise<A> => {
+  if (subscriber.status !== "connect") return command()
+  return new Promise<A>((resolve, reject) => {
+    const run = () => {
+      command().then(resolve, reject)
+    }
+    const waiting = afterHandshake.get(subscriber)
+    if (waiting !== undefined) return void waiting.push(run)
+    const queue = [run]
+    afterHandshake.set(subscriber, queue)
+    const go = () => {
+      subscriber.off("ready", go)
+      subscriber.off("close", go)
+      afterHandshake.delete(subscriber)
+      for (const next of queue) next()
+    }
+    subscriber.on("ready", go)
+    subscriber.on("close", go)
+  })
+}
 
 // ---------------------------------------------------------------------------------------------
 // tracking
