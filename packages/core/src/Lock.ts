@@ -259,6 +259,8 @@ export const tryAcquire = (
 /**
  * Runs an effect while holding the lock, then releases it. The effect is interrupted with
  * `LockLost` if the lease is lost; scoped resources it opens are closed before the release.
+ * The body runs on a fiber of its own: the caller's fiber refs afterwards are those of a scoped
+ * fork and join of the body (what it sets, it passes on; what its scope restores stays restored).
  * The body may be a function of the `Lease`, to read its fence or `expiresIn`.
  * Pipeable (`effect.pipe(Lock.withLock(lock))`) and data-first (`Lock.withLock(effect, lock)`).
  *
