@@ -259,7 +259,9 @@ export const make = (
      */
     const inTransaction = <A>(
       operation: string,
-      body: (connection: Connection) => Effect.Effect<A, unknown>
+      body: (connection: Connection) => Effect.Effect<A, unknown>,
+      /** `body` begins and commits the transaction itself (`Dialect.simple`). */
+      own = false
     ): Effect.Effect<A, BackendError> => {
       const attempt = Effect.uninterruptibleMask((restore) =>
         Effect.gen(function*() {
@@ -268,7 +270,7 @@ export const make = (
             Effect.onError(() => Scope.close(txScope, Exit.void))
           )
           const outcome = yield* Effect.exit(restore(
-            Effect.gen(function*() {
+            own ? body(connection) : Effect.gen(function*() {
               yield* begin(connection)
               const result = yield* body(connection)
               yield* connection.executeUnprepared("COMMIT", [], undefined)
@@ -308,10 +310,24 @@ export const make = (
       // what the last try of the transaction changed, for after its commit
       let wake: Array<string> = []
       let versions: Array<readonly [string, number]> = []
+      const readsEnded = remembered !== undefined && remembered.ids.length > 0
+      // the transaction in two round trips where the dialect can write its values in
+      const simple = dialect.simple
+      const opening = simple?.open(Duration.toMillis(commandTimeout), names, readsEnded ? remembered : undefined)
       return inTransaction(operation, (connection) =>
         Effect.gen(function*() {
           let rows: ReadonlyArray<Record<string, unknown>> = []
-          for (const statement of dialect.lockRows(names)) rows = yield* execute(connection, statement)
+          let endedRows: ReadonlyArray<Record<string, unknown>> = []
+          if (opening !== undefined) {
+            const results = (yield* connection.executeUnprepared(opening, [], undefined)) as unknown as ReadonlyArray<
+              ReadonlyArray<Record<string, unknown>>
+            >
+            rows = results[readsEnded ? results.length - 2 : results.length - 1] ?? []
+            if (readsEnded) endedRows = results[results.length - 1] ?? []
+          } else {
+            for (const statement of dialect.lockRows(names)) rows = yield* execute(connection, statement)
+            if (readsEnded) endedRows = yield* execute(connection, dialect.readEnded(remembered.key, remembered.ids))
+          }
           const loaded = new Map<string, Loaded>()
           let now = 0
           for (const row of rows) {
@@ -321,11 +337,7 @@ export const make = (
           }
           // the ended holders the rules may ask about: rows of their own, read under the key's lock
           const ended = new Map<string, number>()
-          if (remembered !== undefined && remembered.ids.length > 0) {
-            for (const row of yield* execute(connection, dialect.readEnded(remembered.key, remembered.ids))) {
-              ended.set(asName(row["holder"]), asNumber(row["expires_at"]))
-            }
-          }
+          for (const row of endedRows) ended.set(asName(row["holder"]), asNumber(row["expires_at"]))
           const decision = decide(stateOf(names, loaded, remembered?.key, ended), now)
           const writes: Array<Dialect.RowWrite> = []
           wake = []
@@ -352,17 +364,22 @@ export const make = (
             })
             wake.push(...woken)
           }
-          if (writes.length > 0) {
-            yield* execute(connection, dialect.writeRows(writes, wake.map((payload) => `${clientId}|${payload}`)))
-          }
-          if (remembered !== undefined) {
-            const after = decision.state.keys.get(remembered.key)?.ended ?? new Map<string, number>()
-            const remember = [...after].filter(([id, until]) => ended.get(id) !== until)
-            if (remember.length > 0) yield* execute(connection, dialect.writeEnded(remembered.key, remember))
+          const notified = wake.map((payload) => `${clientId}|${payload}`)
+          const after = remembered === undefined ? undefined : decision.state.keys.get(remembered.key)?.ended
+          const remember = after === undefined ? [] : [...after].filter(([id, until]) => ended.get(id) !== until)
+          const endedWrite = remembered !== undefined && remember.length > 0 ? { name: remembered.key, ended: remember } : undefined
+          const closing = opening === undefined ? undefined : simple?.close(writes, notified, endedWrite)
+          if (closing !== undefined) {
+            yield* connection.executeUnprepared(closing, [], undefined)
+          } else {
+            if (writes.length > 0) yield* execute(connection, dialect.writeRows(writes, notified))
+            if (endedWrite !== undefined) yield* execute(connection, dialect.writeEnded(endedWrite.name, endedWrite.ended))
+            // begun by `opening`: ended here
+            if (opening !== undefined) yield* connection.executeUnprepared("COMMIT", [], undefined)
           }
           versions = names.map((key) => [key, writes.find((w) => w.name === key)?.version ?? loaded.get(key)?.version ?? 0])
           return decision.result
-        })).pipe(
+        }), opening !== undefined).pipe(
           // after the commit: the waiters here learn of the change at once
           Effect.tap(() =>
             Effect.sync(() => {
