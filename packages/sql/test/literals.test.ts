@@ -68,5 +68,30 @@ for (const kind of ["pg", "mysql", "sqlite"] as const) {
         const renewed = yield* service.renew(texts.map((text) => ({ key: `literal:${kind}:${text}`, holder: "nobody", leaseMs: 1_000 })))
         assert.strictEqual(renewed.length, texts.length)
       }), 60_000)
+
+    it.scopedLive("a number that is text at run time (a caller of the service without types) is never SQL", () =>
+      Effect.gen(function*() {
+        const service = Context.get(yield* Layer.build(backend(db)), LockBackend)
+        const key = `literal:${kind}:numbers`
+        const holder = `${service.clientId}:numbers`
+        const hostile = "0'::float8); DROP TABLE lockstep_locks; COMMIT; --" as unknown as number
+        // a release of a holder that holds nothing writes its ended record with leaseMs in it
+        yield* Effect.either(service.release({ key, holder, mode: "exclusive", count: 1, leaseMs: hostile }))
+        yield* Effect.either(service.cancel({ key, holder: `${holder}:2`, leaseMs: hostile }))
+        // the table is there, and locks work
+        const request = {
+          key,
+          holder: `${holder}:3`,
+          mode: "exclusive" as const,
+          permits: 1,
+          limit: 1,
+          leaseMs: 10_000,
+          fair: false,
+          waiterTtlMs: 1_000,
+          count: 1
+        }
+        assert.strictEqual((yield* service.acquire(request))._tag, "Granted")
+        assert.strictEqual((yield* service.inspect(key)).holders.length, 1)
+      }), 60_000)
   })
 }

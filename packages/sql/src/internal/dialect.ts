@@ -146,8 +146,14 @@ const pgText = (text: string): string => {
 /** A float8 literal, exactly the number (JavaScript's shortest round-trip form; Infinity, NaN too). */
 const pgFloat = (value: number): string => `'${String(value)}'::float8`
 
-/** Whether every text can be written in a query (a query is a C string to PostgreSQL: no NUL). */
-const inlinable = (texts: ReadonlyArray<string>): boolean => texts.every((text) => !text.includes("\u0000"))
+/**
+ * Whether every text and number can be written in a query: texts without NUL (a query is a C
+ * string to PostgreSQL), numbers that are numbers at run time (a caller of the backend service
+ * that passed anything else gets the parameterized statements, where the database refuses it).
+ */
+const inlinable = (texts: ReadonlyArray<string>, numbers: ReadonlyArray<number> = []): boolean =>
+  texts.every((text) => typeof text === "string" && !text.includes("\u0000")) &&
+  numbers.every((value) => typeof value === "number")
 
 /**
  * A MySQL binary string: hex, which means the same under every `sql_mode` (a quoted literal's
@@ -229,7 +235,14 @@ const postgres = (table: Table): Dialect => {
           ])
         ].join("; "),
       close: (rows, wake, ended) =>
-        !inlinable([...rows.flatMap((row) => [row.name, row.state]), ...wake, ...(ended?.ended.map(([holder]) => holder) ?? [])])
+        !inlinable(
+            [
+              ...rows.flatMap((row) => [row.name, row.state]),
+              ...wake,
+              ...(ended === undefined ? [] : [ended.name, ...ended.ended.map(([holder]) => holder)])
+            ],
+            [...rows.flatMap((row) => [row.expiresAt, row.version]), ...(ended?.ended.map(([, until]) => until) ?? [])]
+          )
           ? undefined
           : [
             ...(rows.length === 0 ? [] : [

@@ -319,11 +319,15 @@ export const make = (
           let rows: ReadonlyArray<Record<string, unknown>> = []
           let endedRows: ReadonlyArray<Record<string, unknown>> = []
           if (opening !== undefined) {
-            const results = (yield* connection.executeUnprepared(opening, [], undefined)) as unknown as ReadonlyArray<
-              ReadonlyArray<Record<string, unknown>>
-            >
-            rows = results[readsEnded ? results.length - 2 : results.length - 1] ?? []
-            if (readsEnded) endedRows = results[results.length - 1] ?? []
+            const results: unknown = yield* connection.executeUnprepared(opening, [], undefined)
+            // one result per statement, the lock rows' (and the ended holders') last: anything else
+            // would read as free keys, so it fails the transaction instead
+            const expected = readsEnded ? 2 : 1
+            if (!Array.isArray(results) || results.length < expected || !results.slice(-expected).every(Array.isArray)) {
+              return yield* Effect.fail(new Error(`unexpected results of a multi-statement query: ${JSON.stringify(results)?.slice(0, 200)}`))
+            }
+            rows = results[results.length - expected] as ReadonlyArray<Record<string, unknown>>
+            if (readsEnded) endedRows = results[results.length - 1] as ReadonlyArray<Record<string, unknown>>
           } else {
             for (const statement of dialect.lockRows(names)) rows = yield* execute(connection, statement)
             if (readsEnded) endedRows = yield* execute(connection, dialect.readEnded(remembered.key, remembered.ids))
