@@ -303,3 +303,18 @@ describe("an acquisition that starts over", () => {
       assert.isFalse(result, "the grant that arrived after the interruption was released")
     }))
 })
+
+describe("keys", () => {
+  it.effect("a key with a lone UTF-16 surrogate is refused before any I/O (UTF-8 would merge it with others)", () =>
+    Effect.gen(function*() {
+      for (const key of ["k\uD800", "k\uDC00", "\uDC00\uD800", "a\uD83Db"]) {
+        const refused = yield* Effect.either(Lock.make(key))
+        assert.isTrue(
+          Either.isLeft(refused) && refused.left._tag === "InvalidLockOptions" && refused.left.field === "key",
+          JSON.stringify(key)
+        )
+      }
+      // a pair is a character: accepted
+      assert.isTrue(Either.isRight(yield* Effect.either(Lock.make("lock \uD83D\uDD12"))))
+    }).pipe(Effect.provide(MemoryBackend.layer)))
+})

@@ -6,6 +6,9 @@ const maxMillis = 2 ** 31 - 1
 
 const invalid = (field: string, reason: string) => Effect.fail(new InvalidLockOptions({ field, reason }))
 
+/** A high surrogate not followed by a low one, or a low one not preceded by a high one. */
+const loneSurrogate = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
+
 /** Longest key accepted: keeps keys cheap to hash and to log. */
 const maxKeyLength = 1024
 
@@ -18,6 +21,9 @@ export const key = (input: unknown): Effect.Effect<string, InvalidLockOptions> =
   if (input.length === 0) return invalid("key", "must not be empty")
   if (input.length > maxKeyLength) return invalid("key", `must be at most ${maxKeyLength} characters`)
   if (input.includes("{") || input.includes("}")) return invalid("key", "must not contain '{' or '}'")
+  // a lone surrogate is no character: UTF-8 (Redis, every SQL driver) writes it as U+FFFD, so
+  // "k\uD800" and "k\uDC00" would name one lock on the server and two in the client
+  if (loneSurrogate.test(input)) return invalid("key", "must be well-formed text (it has a lone UTF-16 surrogate)")
   return Effect.succeed(input)
 }
 
