@@ -47,35 +47,6 @@ export interface Dialect {
   readonly versions: (names: ReadonlyArray<string>) => Statement
   /** Whether a failed transaction may simply be run again (a lost insert race, a deadlock). */
   readonly retryable: (cause: unknown) => boolean
-  /**
-   * A transaction in two round trips instead of one per statement: each a query of several
-   * statements, sent as text with its values written in as literals (PostgreSQL's simple query
-   * takes no parameters). Absent where the client runs one statement per call (SQLite).
-   */
-  readonly simple?: Simple | undefined
-}
-
-/** The ended holders `ids` of `key`, for `Simple.open`. */
-export interface EndedRead {
-  readonly key: string
-  readonly ids: ReadonlyArray<string>
-}
-
-/** Ended holders of `name` to remember, for `Simple.close`. */
-export interface EndedWrite {
-  readonly name: string
-  readonly ended: ReadonlyArray<readonly [string, number]>
-}
-
-/** Each text is undefined where a value cannot be written as a literal: the statements then run one by one. */
-export interface Simple {
-  /**
-   * `begin`, then `lockRows`, then `readEnded` if `ended` is given: the rows of the last two are
-   * the last results of the query, in this order.
-   */
-  readonly open: (timeoutMs: number, names: ReadonlyArray<string>, ended: EndedRead | undefined) => string | undefined
-  /** `writeRows` if `rows` has any, `writeEnded` if `ended` is given, then COMMIT. */
-  readonly close: (rows: ReadonlyArray<RowWrite>, wake: ReadonlyArray<string>, ended: EndedWrite | undefined) => string | undefined
 }
 
 export interface Table {
@@ -134,68 +105,17 @@ const questionMarkReads = (t: string, e: string, now: string): Pick<Dialect, "re
   versions: (names) => ({ sql: `SELECT name, version FROM ${t} WHERE name IN (${placeholders(names.length, 1, false)})`, params: names })
 })
 
-/**
- * A PostgreSQL string literal: quotes doubled, and backslashes too in an `E''` literal, which reads
- * them as escapes whatever `standard_conforming_strings` says (as node-postgres' `escapeLiteral`).
- */
-const pgText = (text: string): string => {
-  const quoted = text.replace(/'/g, "''")
-  return text.includes("\\") ? ` E'${quoted.replace(/\\/g, "\\\\")}'` : `'${quoted}'`
-}
-
-/** A float8 literal, exactly the number (JavaScript's shortest round-trip form; Infinity, NaN too). */
-const pgFloat = (value: number): string => `'${String(value)}'::float8`
-
-/**
- * Whether every text and number can be written in a query: texts without NUL (a query is a C
- * string to PostgreSQL), numbers that are numbers at run time (a caller of the backend service
- * that passed anything else gets the parameterized statements, where the database refuses it).
- */
-const inlinable = (texts: ReadonlyArray<string>, numbers: ReadonlyArray<number> = []): boolean =>
-  texts.every((text) => typeof text === "string" && !text.includes("\u0000")) &&
-  numbers.every((value) => typeof value === "number")
-
-/**
- * A MySQL binary string: hex, which means the same under every `sql_mode` (a quoted literal's
- * backslashes do not, with NO_BACKSLASH_ESCAPES).
- */
-const myBinary = (text: string): string => `X'${Buffer.from(text, "utf8").toString("hex")}'`
-
-/** A MySQL text, as the client's utf8mb4 parameter would arrive. */
-const myText = (text: string): string => `CONVERT(${myBinary(text)} USING utf8mb4)`
-
-/** A MySQL DOUBLE literal; undefined for what a DOUBLE cannot hold. */
-const myFloat = (value: number): string | undefined =>
-  Number.isFinite(value) ? `CAST(${String(value).replace("e+", "e")} AS DOUBLE)` : undefined
-
-const pgTexts = (texts: ReadonlyArray<string>): string =>
-  texts.length === 0 ? "ARRAY[]::text[]" : `ARRAY[${texts.map(pgText).join(", ")}]::text[]`
-
 const postgres = (table: Table): Dialect => {
   const quote = quoteWith("\"")
   const t = qualified(table, quote)
   const now = "(extract(epoch from clock_timestamp()) * 1000)::float8"
   const channel = channelOf(table)
   const e = qualified(endedTable(table), quote)
-  // one simple query: no round trip of its own
-  const begin = (timeoutMs: number) =>
-    `BEGIN; SET LOCAL statement_timeout = ${Number.isFinite(timeoutMs) ? Math.max(1, Math.ceil(timeoutMs)) : 0}`
-  const lockRowsFrom = (names: string) =>
-    `INSERT INTO ${t} AS t (name, state, expires_at, version) SELECT n, '', 0, 0 FROM unnest(${names}) AS n ` +
-    `ON CONFLICT (name) DO UPDATE SET version = t.version RETURNING name, state, version, ${now} AS now`
-  const writeRowsWith = (values: string, notify: (write: string) => string | undefined) => {
-    const write = `INSERT INTO ${t} AS t (name, state, expires_at, version) VALUES ${values} ` +
-      "ON CONFLICT (name) DO UPDATE SET state = EXCLUDED.state, expires_at = EXCLUDED.expires_at, version = EXCLUDED.version"
-    return notify(write) ?? write
-  }
-  const writeEndedWith = (values: string) =>
-    `INSERT INTO ${e} (name, holder, expires_at) VALUES ${values} ON CONFLICT (name, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at`
-  // NOTIFY is delivered on commit, to every listening backend (this one included)
-  const notifying = (write: string, channelSql: string, wakeSql: string) =>
-    `WITH written AS (${write} RETURNING 1) SELECT pg_notify(${channelSql}, w) FROM unnest(${wakeSql}) AS w`
   return {
     name: "pg",
-    begin,
+    // one simple query: no round trip of its own
+    begin: (timeoutMs) =>
+      `BEGIN; SET LOCAL statement_timeout = ${Number.isFinite(timeoutMs) ? Math.max(1, Math.ceil(timeoutMs)) : 0}`,
     createSchema: [
       ...(table.schema === undefined ? [] : [`CREATE SCHEMA IF NOT EXISTS ${quote(table.schema)}`]),
       `CREATE TABLE IF NOT EXISTS ${t} (name text PRIMARY KEY, state text NOT NULL, expires_at float8 NOT NULL, version float8 NOT NULL)`,
@@ -205,16 +125,21 @@ const postgres = (table: Table): Dialect => {
     ],
     // one statement creates, locks and reads: the upsert takes each row's lock (waiting for a
     // holder of it), and RETURNING reads the clock after that
-    lockRows: (names) => [{ sql: lockRowsFrom("$1::text[]"), params: [names] }],
+    lockRows: (names) => [{
+      sql: `INSERT INTO ${t} AS t (name, state, expires_at, version) SELECT n, '', 0, 0 FROM unnest($1::text[]) AS n ` +
+        `ON CONFLICT (name) DO UPDATE SET version = t.version RETURNING name, state, version, ${now} AS now`,
+      params: [names]
+    }],
     readRow: (name) => ({ sql: `SELECT ${now} AS now, s.state, s.version FROM (SELECT 1) AS one LEFT JOIN ${t} AS s ON s.name = $1`, params: [name] }),
     writeRows: (rows, wake) => {
+      const write = `INSERT INTO ${t} AS t (name, state, expires_at, version) VALUES ${rowsValues(rows, true)} ` +
+        "ON CONFLICT (name) DO UPDATE SET state = EXCLUDED.state, expires_at = EXCLUDED.expires_at, version = EXCLUDED.version"
+      if (wake.length === 0) return { sql: write, params: rowsParams(rows) }
       const n = rows.length * 4
+      // NOTIFY is delivered on commit, to every listening backend (this one included)
       return {
-        sql: writeRowsWith(
-          rowsValues(rows, true),
-          (write) => (wake.length === 0 ? undefined : notifying(write, `$${n + 1}`, `$${n + 2}::text[]`))
-        ),
-        params: wake.length === 0 ? rowsParams(rows) : [...rowsParams(rows), channel, wake]
+        sql: `WITH written AS (${write} RETURNING 1) SELECT pg_notify($${n + 1}, w) FROM unnest($${n + 2}::text[]) AS w`,
+        params: [...rowsParams(rows), channel, wake]
       }
     },
     readEnded: (name, ids) => ({
@@ -222,45 +147,10 @@ const postgres = (table: Table): Dialect => {
       params: [name, ids]
     }),
     writeEnded: (name, ended) => ({
-      sql: writeEndedWith(ended.map((_, i) => `(${placeholders(3, i * 3 + 1, true)})`).join(", ")),
+      sql: `INSERT INTO ${e} (name, holder, expires_at) VALUES ${ended.map((_, i) => `(${placeholders(3, i * 3 + 1, true)})`).join(", ")} ` +
+        "ON CONFLICT (name, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at",
       params: endedParams(name, ended)
     }),
-    simple: {
-      open: (timeoutMs, names, ended) =>
-        !inlinable([...names, ...(ended === undefined ? [] : [ended.key, ...ended.ids])]) ? undefined : [
-          begin(timeoutMs),
-          lockRowsFrom(pgTexts(names)),
-          ...(ended === undefined ? [] : [
-            `SELECT holder, expires_at FROM ${e} WHERE name = ${pgText(ended.key)} AND holder = ANY(${pgTexts(ended.ids)})`
-          ])
-        ].join("; "),
-      close: (rows, wake, ended) =>
-        !inlinable(
-            [
-              ...rows.flatMap((row) => [row.name, row.state]),
-              ...wake,
-              ...(ended === undefined ? [] : [ended.name, ...ended.ended.map(([holder]) => holder)])
-            ],
-            [...rows.flatMap((row) => [row.expiresAt, row.version]), ...(ended?.ended.map(([, until]) => until) ?? [])]
-          )
-          ? undefined
-          : [
-            ...(rows.length === 0 ? [] : [
-              writeRowsWith(
-                rows.map((row) =>
-                  `(${pgText(row.name)}, ${pgText(row.state)}, ${pgFloat(row.expiresAt)}, ${pgFloat(row.version)})`
-                ).join(", "),
-                (write) => (wake.length === 0 ? undefined : notifying(write, pgText(channel), pgTexts(wake)))
-              )
-            ]),
-            ...(ended === undefined || ended.ended.length === 0 ? [] : [
-              writeEndedWith(
-                ended.ended.map(([holder, until]) => `(${pgText(ended.name)}, ${pgText(holder)}, ${pgFloat(until)})`).join(", ")
-              )
-            ]),
-            "COMMIT"
-          ].join("; ")
-    },
     sweep: sweepOf(t, e, now),
     versions: (names) => ({ sql: `SELECT name, version FROM ${t} WHERE name = ANY($1::text[])`, params: [names] }),
     retryable: (cause) => {
@@ -276,17 +166,6 @@ const mysql = (table: Table): Dialect => {
   const t = qualified(table, quote)
   const now = "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000 AS DOUBLE)"
   const e = qualified(endedTable(table), quote)
-  const lockRowsFrom = (values: ReadonlyArray<string>, names: string) => [
-    `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${values.map((value) => `(${value}, '', 0, 0)`).join(", ")} ` +
-    "ON DUPLICATE KEY UPDATE version = version",
-    `SELECT name, state, version, ${now} AS now FROM ${t} WHERE name IN (${names}) FOR UPDATE`
-  ]
-  const writeRowsWith = (values: string) =>
-    `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${values} ` +
-    "ON DUPLICATE KEY UPDATE state = VALUES(state), expires_at = VALUES(expires_at), version = VALUES(version)"
-  const writeEndedWith = (values: string) =>
-    `INSERT INTO ${e} (name, holder, expires_at) VALUES ${values} ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)`
-  const readEndedWith = (name: string, holders: string) => `SELECT holder, expires_at FROM ${e} WHERE name = ${name} AND holder IN (${holders})`
   return {
     name: "mysql",
     // a session variable would cost a statement per transaction: a stalled statement ends at the
@@ -302,47 +181,30 @@ const mysql = (table: Table): Dialect => {
     ],
     // the upsert takes each row's exclusive lock at once (an INSERT IGNORE would take a shared one,
     // and two transactions upgrading theirs would deadlock); the locking read then sees the rows
-    lockRows: (names) => {
-      const [insert, select] = lockRowsFrom(names.map(() => "?"), placeholders(names.length, 1, false))
-      return [{ sql: insert!, params: names }, { sql: select!, params: names }]
-    },
+    lockRows: (names) => [
+      {
+        sql: `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${names.map(() => "(?, '', 0, 0)").join(", ")} ` +
+          "ON DUPLICATE KEY UPDATE version = version",
+        params: names
+      },
+      {
+        sql: `SELECT name, state, version, ${now} AS now FROM ${t} WHERE name IN (${placeholders(names.length, 1, false)}) FOR UPDATE`,
+        params: names
+      }
+    ],
     // readEnded reads under the key's row lock, which every writer of those rows holds: the first
     // plain read of the transaction, so its snapshot is taken after the lock
     ...questionMarkReads(t, e, now),
-    writeRows: (rows) => ({ sql: writeRowsWith(rowsValues(rows, false)), params: rowsParams(rows) }),
-    writeEnded: (name, ended) => ({ sql: writeEndedWith(ended.map(() => "(?, ?, ?)").join(", ")), params: endedParams(name, ended) }),
-    // the statements of a transaction in one query each (the client allows several): readEnded is
-    // still the first plain read, after the locking one
-    simple: {
-      open: (_, names, ended) =>
-        [
-          "BEGIN",
-          ...lockRowsFrom(names.map(myBinary), names.map(myBinary).join(", ")),
-          ...(ended === undefined ? [] : [readEndedWith(myBinary(ended.key), ended.ids.map(myBinary).join(", "))])
-        ].join("; "),
-      close: (rows, _, ended) => {
-        const values: Array<string> = []
-        for (const row of rows) {
-          const expires = myFloat(row.expiresAt)
-          const version = myFloat(row.version)
-          if (expires === undefined || version === undefined) return undefined
-          values.push(`(${myBinary(row.name)}, ${myText(row.state)}, ${expires}, ${version})`)
-        }
-        const endedValues: Array<string> = []
-        if (ended !== undefined) {
-          for (const [holder, until] of ended.ended) {
-            const at = myFloat(until)
-            if (at === undefined) return undefined
-            endedValues.push(`(${myBinary(ended.name)}, ${myBinary(holder)}, ${at})`)
-          }
-        }
-        return [
-          ...(values.length === 0 ? [] : [writeRowsWith(values.join(", "))]),
-          ...(endedValues.length === 0 ? [] : [writeEndedWith(endedValues.join(", "))]),
-          "COMMIT"
-        ].join("; ")
-      }
-    },
+    writeRows: (rows) => ({
+      sql: `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${rowsValues(rows, false)} ` +
+        "ON DUPLICATE KEY UPDATE state = VALUES(state), expires_at = VALUES(expires_at), version = VALUES(version)",
+      params: rowsParams(rows)
+    }),
+    writeEnded: (name, ended) => ({
+      sql: `INSERT INTO ${e} (name, holder, expires_at) VALUES ${ended.map(() => "(?, ?, ?)").join(", ")} ` +
+        "ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)",
+      params: endedParams(name, ended)
+    }),
     sweep: sweepOf(t, e, now),
     retryable: (cause) => {
       const errno = causeOf(cause)["errno"]

@@ -259,9 +259,7 @@ export const make = (
      */
     const inTransaction = <A>(
       operation: string,
-      body: (connection: Connection) => Effect.Effect<A, unknown>,
-      /** `body` begins and commits the transaction itself (`Dialect.simple`). */
-      own = false
+      body: (connection: Connection) => Effect.Effect<A, unknown>
     ): Effect.Effect<A, BackendError> => {
       const attempt = Effect.uninterruptibleMask((restore) =>
         Effect.gen(function*() {
@@ -270,7 +268,7 @@ export const make = (
             Effect.onError(() => Scope.close(txScope, Exit.void))
           )
           const outcome = yield* Effect.exit(restore(
-            own ? body(connection) : Effect.gen(function*() {
+            Effect.gen(function*() {
               yield* begin(connection)
               const result = yield* body(connection)
               yield* connection.executeUnprepared("COMMIT", [], undefined)
@@ -310,28 +308,10 @@ export const make = (
       // what the last try of the transaction changed, for after its commit
       let wake: Array<string> = []
       let versions: Array<readonly [string, number]> = []
-      const readsEnded = remembered !== undefined && remembered.ids.length > 0
-      // the transaction in two round trips where the dialect can write its values in
-      const simple = dialect.simple
-      const opening = simple?.open(Duration.toMillis(commandTimeout), names, readsEnded ? remembered : undefined)
       return inTransaction(operation, (connection) =>
         Effect.gen(function*() {
           let rows: ReadonlyArray<Record<string, unknown>> = []
-          let endedRows: ReadonlyArray<Record<string, unknown>> = []
-          if (opening !== undefined) {
-            const results: unknown = yield* connection.executeUnprepared(opening, [], undefined)
-            // one result per statement, the lock rows' (and the ended holders') last: anything else
-            // would read as free keys, so it fails the transaction instead
-            const expected = readsEnded ? 2 : 1
-            if (!Array.isArray(results) || results.length < expected || !results.slice(-expected).every(Array.isArray)) {
-              return yield* Effect.fail(new Error(`unexpected results of a multi-statement query: ${JSON.stringify(results)?.slice(0, 200)}`))
-            }
-            rows = results[results.length - expected] as ReadonlyArray<Record<string, unknown>>
-            if (readsEnded) endedRows = results[results.length - 1] as ReadonlyArray<Record<string, unknown>>
-          } else {
-            for (const statement of dialect.lockRows(names)) rows = yield* execute(connection, statement)
-            if (readsEnded) endedRows = yield* execute(connection, dialect.readEnded(remembered.key, remembered.ids))
-          }
+          for (const statement of dialect.lockRows(names)) rows = yield* execute(connection, statement)
           const loaded = new Map<string, Loaded>()
           let now = 0
           for (const row of rows) {
@@ -341,7 +321,11 @@ export const make = (
           }
           // the ended holders the rules may ask about: rows of their own, read under the key's lock
           const ended = new Map<string, number>()
-          for (const row of endedRows) ended.set(asName(row["holder"]), asNumber(row["expires_at"]))
+          if (remembered !== undefined && remembered.ids.length > 0) {
+            for (const row of yield* execute(connection, dialect.readEnded(remembered.key, remembered.ids))) {
+              ended.set(asName(row["holder"]), asNumber(row["expires_at"]))
+            }
+          }
           const decision = decide(stateOf(names, loaded, remembered?.key, ended), now)
           const writes: Array<Dialect.RowWrite> = []
           wake = []
@@ -368,22 +352,17 @@ export const make = (
             })
             wake.push(...woken)
           }
-          const notified = wake.map((payload) => `${clientId}|${payload}`)
-          const after = remembered === undefined ? undefined : decision.state.keys.get(remembered.key)?.ended
-          const remember = after === undefined ? [] : [...after].filter(([id, until]) => ended.get(id) !== until)
-          const endedWrite = remembered !== undefined && remember.length > 0 ? { name: remembered.key, ended: remember } : undefined
-          const closing = opening === undefined ? undefined : simple?.close(writes, notified, endedWrite)
-          if (closing !== undefined) {
-            yield* connection.executeUnprepared(closing, [], undefined)
-          } else {
-            if (writes.length > 0) yield* execute(connection, dialect.writeRows(writes, notified))
-            if (endedWrite !== undefined) yield* execute(connection, dialect.writeEnded(endedWrite.name, endedWrite.ended))
-            // begun by `opening`: ended here
-            if (opening !== undefined) yield* connection.executeUnprepared("COMMIT", [], undefined)
+          if (writes.length > 0) {
+            yield* execute(connection, dialect.writeRows(writes, wake.map((payload) => `${clientId}|${payload}`)))
+          }
+          if (remembered !== undefined) {
+            const after = decision.state.keys.get(remembered.key)?.ended ?? new Map<string, number>()
+            const remember = [...after].filter(([id, until]) => ended.get(id) !== until)
+            if (remember.length > 0) yield* execute(connection, dialect.writeEnded(remembered.key, remember))
           }
           versions = names.map((key) => [key, writes.find((w) => w.name === key)?.version ?? loaded.get(key)?.version ?? 0])
           return decision.result
-        }), opening !== undefined).pipe(
+        })).pipe(
           // after the commit: the waiters here learn of the change at once
           Effect.tap(() =>
             Effect.sync(() => {
