@@ -24,7 +24,7 @@
  * @since 0.1.0
  */
 import type { Duration, Scope } from "effect"
-import { Config, ConfigError, Effect, Layer, Redacted } from "effect"
+import { Config, ConfigError, Effect, Layer, Redacted, Schedule } from "effect"
 import { SqlClient } from "@effect/sql/SqlClient"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import type { Service } from "@lockstep/core/LockBackend"
@@ -71,6 +71,10 @@ export interface Options {
   /** How often rows that no longer matter are deleted. Default 1 minute. */
   readonly sweepInterval?: Duration.DurationInput | undefined
 }
+
+/** SQLite's "database is locked" (SQLITE_BUSY): another connection holds the lock for now. */
+const isLocked = (cause: unknown): boolean =>
+  typeof cause === "object" && cause !== null && "code" in cause && cause.code === "SQLITE_BUSY"
 
 /**
  * The backend on the `SqlClient` in context (borrowed: never closed here). The dialect is the
@@ -240,7 +244,10 @@ const layerOn = (url: Redacted.Redacted, options: Options | undefined): Layer.La
         Layer.scopedContext(
           Layer.build(SqliteClient.layer({ filename: Endpoint.sqliteFile(text) })).pipe(
             Effect.mapError(connectFailure),
-            Effect.catchAllDefect((defect) => Effect.fail(connectFailure(defect)))
+            Effect.catchAllDefect((defect) => Effect.fail(connectFailure(defect))),
+            // the client's first statement (journal_mode = WAL) finds the file locked while another
+            // process opens it at the same moment: try again for up to 2 seconds
+            Effect.retry({ while: (error) => isLocked(error.cause), schedule: Schedule.spaced("25 millis"), times: 80 })
           )
         ))
     )
