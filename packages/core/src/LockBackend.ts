@@ -46,8 +46,8 @@
  *
  * @since 0.1.0
  */
-import type { Effect, Either, Scope } from "effect"
-import { Context } from "effect"
+import type { Either, Scope } from "effect"
+import { Context, Effect } from "effect"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "./LockError.js"
 
 /**
@@ -384,7 +384,44 @@ export interface KeyState {
 export interface Subscription {
   /** Completes when a wake-up is delivered to this subscription (at once if one is pending). */
   readonly await: Effect.Effect<void>
+  /**
+   * `await` as a callback, for backends whose wake-ups arrive as callbacks (see
+   * `subscriptionOf`): registers `wake` for the next wake-up (called at once if one is pending)
+   * and returns what unregisters it. `wake` is given what the waiting fiber runs when it resumes.
+   * With it, the lock API waits for a wake-up or a timer without a fiber for each.
+   */
+  readonly unsafeOnWake?: ((wake: (resumed: Effect.Effect<void>) => void) => () => void) | undefined
 }
+
+/**
+ * A subscription whose wake-ups arrive as callbacks: `onWake` registers one for the next
+ * wake-up (calling it at once if one is pending) and returns what unregisters it.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { LockBackend } from "@lockstep/core"
+ *
+ * const resumers = new Set<(resumed: Effect.Effect<void>) => void>()
+ * const subscription = LockBackend.subscriptionOf((wake) => {
+ *   resumers.add(wake)
+ *   return () => resumers.delete(wake)
+ * })
+ * // a release wakes it: for (const wake of resumers) wake(Effect.void)
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const subscriptionOf = (
+  onWake: (wake: (resumed: Effect.Effect<void>) => void) => () => void
+): Subscription => ({
+  await: Effect.async<void>((resume) => {
+    const unregister = onWake(resume)
+    return Effect.sync(unregister)
+  }),
+  unsafeOnWake: onWake
+})
 
 /**
  * A call on a latch. `id` names the call (a fresh one per call): a copy of a call the backend

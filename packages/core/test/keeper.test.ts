@@ -1,11 +1,11 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Duration, Effect, Either, FastCheck, Fiber, Layer, Option, TestClock } from "effect"
 import { Lock } from "@lockstep/core"
-import { LockBackend } from "@lockstep/core/LockBackend"
+import { LockBackend, subscriptionOf } from "@lockstep/core/LockBackend"
 import type { RenewRequest, Service } from "@lockstep/core/LockBackend"
 import { MemoryBackend } from "@lockstep/memory"
 import type { Entry } from "../src/internal/keeper.js"
-import { Heap } from "../src/internal/keeper.js"
+import { awaitWakeUp, Heap } from "../src/internal/keeper.js"
 
 const entry = (): Entry => ({
   key: "k",
@@ -120,5 +120,68 @@ describe("the lease keeper", () => {
       assert.isTrue(Option.isSome(badExit), "the lease whose renewal said 'not held' was not lost")
       assert.isTrue(Option.isNone(yield* Fiber.poll(good)), "the healthy lease was lost")
       yield* Fiber.interrupt(good)
+    }))
+})
+
+describe("awaitWakeUp", () => {
+  /** A subscription fed by `wakeAll`, and how many callbacks are registered. */
+  const fed = () => {
+    const resumers = new Set<(resumed: Effect.Effect<void>) => void>()
+    let pending = false
+    const subscription = subscriptionOf((wake) => {
+      if (pending) {
+        pending = false
+        wake(Effect.void)
+        return () => undefined
+      }
+      resumers.add(wake)
+      return () => void resumers.delete(wake)
+    })
+    const wakeAll = () => {
+      if (resumers.size === 0) pending = true
+      for (const wake of [...resumers]) wake(Effect.void)
+      resumers.clear()
+    }
+    return { subscription, wakeAll, registered: () => resumers.size }
+  }
+
+  it.live("on the live clock: a wake-up ends the wait at once, and one that came first is taken at once", () =>
+    Effect.gen(function*() {
+      const { registered, subscription, wakeAll } = fed()
+      const started = Date.now()
+      const waiting = yield* Effect.fork(awaitWakeUp(subscription, 60_000))
+      yield* Effect.sleep(20)
+      assert.strictEqual(registered(), 1)
+      wakeAll()
+      yield* Fiber.join(waiting)
+      assert.isBelow(Date.now() - started, 5_000)
+      // a wake-up that came first is taken at once
+      wakeAll()
+      yield* awaitWakeUp(subscription, 60_000)
+      assert.strictEqual(registered(), 0)
+    }))
+
+  it.live("on the live clock: the bound ends the wait and unregisters it; so does an interruption", () =>
+    Effect.gen(function*() {
+      const { registered, subscription } = fed()
+      const started = Date.now()
+      yield* awaitWakeUp(subscription, 50, 60_000)
+      assert.isAtLeast(Date.now() - started, 45)
+      assert.strictEqual(registered(), 0)
+      const waiting = yield* Effect.fork(awaitWakeUp(subscription, 60_000))
+      yield* Effect.sleep(20)
+      assert.strictEqual(registered(), 1)
+      yield* Fiber.interrupt(waiting)
+      assert.strictEqual(registered(), 0)
+    }))
+
+  it.effect("on a TestClock the bound is the TestClock's", () =>
+    Effect.gen(function*() {
+      const { subscription } = fed()
+      const waiting = yield* Effect.fork(awaitWakeUp(subscription, 1_000))
+      yield* TestClock.adjust("999 millis")
+      assert.isTrue(Option.isNone(yield* Fiber.poll(waiting)))
+      yield* TestClock.adjust("1 millis")
+      yield* Fiber.join(waiting)
     }))
 })

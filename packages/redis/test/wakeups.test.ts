@@ -68,6 +68,19 @@ describe("wake-up hub", () => {
       assert.isFalse(yield* woken(b.await))
     }))
 
+  it.scoped("'-1' and the 0 that follows wake no one: a release that had no lockstep waiter to wake", () =>
+    Effect.gen(function*() {
+      const { wakeups } = hub()
+      const readers = yield* Effect.forEach([1, 2, 3], (i) => wakeups.subscribe("ch", `c:${i}`, "shared"))
+      wakeups.onMessage("ch", "-1")
+      wakeups.onMessage("ch", "0")
+      for (const reader of readers) assert.isFalse(yield* woken(reader.await))
+      // a 0 alone (Redisson's unlock, or a release that knew of no registered waiter) wakes the
+      // longest-waiting one only, shared or not: no herd
+      wakeups.onMessage("ch", "0")
+      assert.deepStrictEqual(yield* Effect.forEach(readers, (reader) => woken(reader.await)), [true, false, false])
+    }))
+
   it.scoped("2 wakes every shared waiter, and no exclusive one", () =>
     Effect.gen(function*() {
       const { wakeups } = hub()

@@ -41,20 +41,51 @@ export const monotonicMillis = Effect.map(Clock.currentTimeNanos, (nanos) => Num
  */
 export const driftMs = (leaseMs: number) => Math.floor(leaseMs / 100) + 5
 
+/** The live clock: timers of our own run only on it (a TestClock drives the others). */
+const liveClock = Context.get(DefaultServices.liveServices, Clock.Clock)
+
 /** Longest single sleep: Effect's clock never fires a timer set further out than 2^31 - 1 ms. */
 export const maxSleepMs = 2 ** 31 - 1
 
 /**
  * Waits for the subscription's next wake-up, or at most the least of `bounds` (ms; at least 1,
- * at most `maxSleepMs`): what every waiter does between two looks at the backend. Both sides are
- * interruptible whatever the caller's region is: the race ends only once the loser is
- * interrupted, and an uninterruptible sleep would hold a woken waiter until the bound.
+ * at most `maxSleepMs`): what every waiter does between two looks at the backend. Interruptible
+ * as the caller's region is. Where it races two fibers (a subscription without a callback, or a
+ * clock other than the live one), both sides are interruptible whatever that region is: the race
+ * ends only once the loser is interrupted, and an uninterruptible sleep would hold a woken waiter
+ * until the bound.
  */
-export const awaitWakeUp = (subscription: Subscription, ...bounds: ReadonlyArray<number>): Effect.Effect<void> =>
-  Effect.raceFirst(
-    Effect.interruptible(subscription.await),
-    Effect.interruptible(Effect.sleep(Math.max(1, Math.ceil(Math.min(...bounds, maxSleepMs)))))
+export const awaitWakeUp = (subscription: Subscription, ...bounds: ReadonlyArray<number>): Effect.Effect<void> => {
+  const ms = Math.max(1, Math.ceil(Math.min(...bounds, maxSleepMs)))
+  const onWake = subscription.unsafeOnWake
+  return Effect.clockWith((clock) =>
+    onWake === undefined || clock !== liveClock
+      ? Effect.raceFirst(Effect.interruptible(subscription.await), Effect.interruptible(Effect.sleep(ms)))
+      // on the live clock, a callback and a timer of our own: a race would fork a fiber for each
+      // side (every waiter's every wake-up)
+      : Effect.async<void>((resume) => {
+        // the callback may run at once (a wake-up was pending), before the timer exists
+        const wait: { done: boolean; timer?: ReturnType<typeof setTimeout> } = { done: false }
+        const unregister = onWake((resumed) => {
+          if (wait.done) return
+          wait.done = true
+          clearTimeout(wait.timer)
+          resume(resumed)
+        })
+        if (wait.done) return
+        wait.timer = setTimeout(() => {
+          wait.done = true
+          unregister()
+          resume(Effect.void)
+        }, ms)
+        return Effect.sync(() => {
+          wait.done = true
+          clearTimeout(wait.timer)
+          unregister()
+        })
+      })
   )
+}
 
 /** When `entry` next needs the keeper: its deadline, or its renewal if that comes first. */
 const dueAt = (entry: Entry): number => {
@@ -68,7 +99,6 @@ const dueAt = (entry: Entry): number => {
   return Math.min(next, entry.deadline)
 }
 
-const liveClock = Context.get(DefaultServices.liveServices, Clock.Clock)
 
 /** A binary min-heap of entries by `at`; each entry knows its index, so it can be moved or removed. */
 export class Heap {

@@ -1,5 +1,6 @@
 import type { Scope } from "effect"
 import { Clock, Context, Effect, Either, Exit } from "effect"
+import { constVoid } from "effect/Function"
 import * as LockBackend from "@lockstep/core/LockBackend"
 import * as LockError from "@lockstep/core/LockError"
 import { makeRemembered, type Remembered } from "./remembered.js"
@@ -518,26 +519,23 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       return Effect.void
     })
 
-  const awaitSignal = (sub: Sub): Effect.Effect<void> =>
-    Effect.suspend(() => {
-      if (sub.signalled || sub.closed) {
-        sub.woken ||= sub.signalled
-        sub.signalled = false
-        return Effect.void
-      }
-      return Effect.async<void>((resume) => {
-        // The signal is consumed only when this fiber actually resumes; until then the
-        // subscription counts as signalled, so a further wake-up goes to another subscriber.
-        const resumer = () => resume(Effect.sync(() => {
-          sub.woken ||= sub.signalled
-          sub.signalled = false
-        }))
-        sub.resumers.add(resumer)
-        return Effect.sync(() => {
-          sub.resumers.delete(resumer)
-        })
-      })
-    })
+  const consume = (sub: Sub) => {
+    sub.woken ||= sub.signalled
+    sub.signalled = false
+  }
+
+  const onSignal = (sub: Sub) => (wake: (resumed: Effect.Effect<void>) => void): () => void => {
+    if (sub.signalled || sub.closed) {
+      consume(sub)
+      wake(Effect.void)
+      return constVoid
+    }
+    // The signal is consumed only when the waiting fiber actually resumes; until then the
+    // subscription counts as signalled, so a further wake-up goes to another subscriber.
+    const resumer = () => wake(Effect.sync(() => consume(sub)))
+    sub.resumers.add(resumer)
+    return () => void sub.resumers.delete(resumer)
+  }
 
   /** A subscription in `table` (locks' or latches'), closed with the scope; then `onClose` runs. */
   const subscribeIn = (
@@ -580,7 +578,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
           sub.resumers.clear()
           onClose(exit, sub)
         })
-    ).pipe(Effect.map((sub): LockBackend.Subscription => ({ await: awaitSignal(sub) })))
+    ).pipe(Effect.map((sub) => LockBackend.subscriptionOf(onSignal(sub))))
 
   const subscribe = (key: string, holder: string, mode: LockBackend.HoldMode) =>
     subscribeIn(subscriptions, key, holder, mode, (exit, sub) => {

@@ -49,7 +49,8 @@ export const keysOf = (key: string, memo = `lockstep_ended:{${key}}`) => [
   `lockstep_fair_ttl:{${key}}`,
   memo,
   `lockstep_waiters:{${key}}`,
-  `lockstep_waiting:{${key}}`
+  `lockstep_waiting:{${key}}`,
+  `lockstep_woken:{${key}}`
 ]
 
 /** Where a holder that ended is remembered. */
@@ -66,8 +67,8 @@ const keySetsKept = 4096
 const keySets = new Map<string, KeySet>()
 
 /**
- * The `KeySet` of `key`, built once and kept: acquire and release name the same seven keys of a
- * lock on every call (the eighth is the holder's), which are not built again for each call.
+ * The `KeySet` of `key`, built once and kept: acquire and release name the same eight keys of a
+ * lock on every call (and a ninth, the holder's), which are not built again for each call.
  */
 const keySetOf = (key: string): KeySet => {
   let set = keySets.get(key)
@@ -82,7 +83,7 @@ const keySetOf = (key: string): KeySet => {
 /** `keysOf(key, endedKeyOf(key, holder))`, from the kept `KeySet`. */
 const holderKeysOf = (key: string, holder: string): Array<string> => {
   const { endedPrefix, keys } = keySetOf(key)
-  return [keys[0]!, keys[1]!, keys[2]!, keys[3]!, keys[4]!, endedPrefix + holder, keys[6]!, keys[7]!]
+  return [keys[0]!, keys[1]!, keys[2]!, keys[3]!, keys[4]!, endedPrefix + holder, keys[6]!, keys[7]!, keys[8]!]
 }
 
 export const channelOf = (key: string) => `redisson_lock__channel:{${key}}`
@@ -494,11 +495,11 @@ export const make = (
           (reply) => latchReply(key, reply)
         ),
       latchCount: (key) => Effect.flatMap(run(latchCountScript, latchKeysOf(key), []), (reply) => latchReply(key, reply)),
-      // every latch waiter is a shared waiter of the latch's channel: a message wakes them all
+      // a message on the latch's channel wakes every latch waiter
       latchSubscribe: (key, waiter) =>
         whileOpen(
           "latchSubscribe",
-          Effect.mapError(wakeups.subscribe(latchChannelOf(key), waiter, "shared"), (cause) =>
+          Effect.mapError(wakeups.subscribe(latchChannelOf(key), waiter, "latch"), (cause) =>
             cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause }))
         ),
       acquire,

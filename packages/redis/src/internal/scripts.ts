@@ -29,17 +29,23 @@
  *   became free (Redisson's own unlock message: a Redisson waiter may be subscribed, so it is sent
  *   whenever lockstep frees the key); `<code>` wakes only the lockstep waiter with that wake code
  *   (a 52-bit hash of its holder id, see `wakeCode`); `-<code>` the same, and says that the next
- *   message is the `0` of the same release, which lockstep's listeners then ignore; `2` wakes
- *   every shared waiter (a writer left many readers behind).
+ *   message is the `0` of the same release, which lockstep's listeners then ignore (`-1` only says
+ *   that: a release that frees the key and wakes no lockstep waiter); `2` wakes every shared
+ *   waiter (a writer left many readers behind).
  * - `lockstep_fair:{K}` (sorted set, score: arrival) and `lockstep_fair_ttl:{K}` (sorted set,
  *   score: expiry ms): the fair queue, members `<code>|<holder>`. Every operation is O(log n) in
  *   the queue's length: expired waiters are dropped by score, the head is the lowest arrival.
  * - `lockstep_waiters:{K}` (sorted set, score: until when the entry is kept): waiters of unfair
  *   kinds that wait on a subscription, members `<code>|<x|s>|<permits>|<limit>`. A release
  *   takes out and wakes those that can win: one exclusive waiter, or the shared waiters that fit.
+ * - `lockstep_woken:{K}` (sorted set, score: until when the place is kept, a couple of seconds):
+ *   waiters a release woke that have yet to try, members as in `lockstep_waiters`. Their permits
+ *   (an exclusive one: the whole key) count as taken for later releases, so overlapping releases
+ *   do not wake more waiters than can win; a waiter's next attempt (or its leaving) takes it out.
  * - `lockstep_waiting:{K}` (string): present (PX) for as long as any fair or registered waiter may
- *   be; a new grant copies it into K as `lockstep|w`, so a release learns from the hash it reads
- *   anyway whether anyone waits, and an uncontended release touches no wait structure.
+ *   be, or a woken one has yet to try; a new grant copies it into K as `lockstep|w`, so a release
+ *   learns from the hash it reads anyway whether anyone waits, and an uncontended release touches
+ *   no wait structure.
  */
 
 /** What every script needs first: number formatting, the server clock, fences. */
@@ -280,16 +286,28 @@ local function left_by(holders)
   return next(holders) == nil, writer, taken
 end
 
+-- How long a woken waiter's place is kept for it (ms): it tries at once, so this only bounds how
+-- long one that crashed (or lost its wake-up) holds back the wake-ups of others.
+local woken_ms = 2000
+
 -- Wakes the waiters that can win now, after holds ended. zero: the key was freed and Redisson's
 -- unlock message '0' follows; free, writer, taken: see left_by. The fair queue's head is told by its code; unfair
 -- waiters are taken out of their set: the first exclusive one if the key is free, else the
--- shared ones that fit. Returns whether anyone may still wait.
-local function wake(channel, fq, fqt, wq, now, zero, free, writer, taken)
+-- shared ones that fit, where the places of waiters woken before that have yet to try (rq)
+-- count as taken. Returns whether anyone may still wait.
+local function wake(channel, fq, fqt, wq, rq, sentinel, now, zero, free, writer, taken)
   local codes = {}
   prune_fair(fq, fqt, now)
   local head = redis.call('ZRANGE', fq, 0, 0)[1]
   if head then codes[#codes + 1] = code_of(head) end
   redis.call('ZREMRANGEBYSCORE', wq, '-inf', fmt(now))
+  redis.call('ZREMRANGEBYSCORE', rq, '-inf', fmt(now))
+  local pending = redis.call('ZRANGE', rq, 0, -1)
+  for _, m in ipairs(pending) do
+    local mode, p = string.match(m, '^%d+|(%a)|(%d+)|')
+    free = false
+    if mode == 'x' then writer = true elseif p ~= nil then taken = taken + tonumber(p) end
+  end
   local scan = 64
   local entries = redis.call('ZRANGE', wq, 0, scan - 1)
   local woken, used, everyShared = {}, 0, false
@@ -318,20 +336,34 @@ local function wake(channel, fq, fqt, wq, now, zero, free, writer, taken)
     end
   end
   if #woken > 0 then chunked('ZREM', wq, woken) end
+  local rest = #entries > #woken or #entries == scan
+  if #woken > 0 and rest then
+    -- places are kept only while others wait: those a later release would wake instead
+    local places = {}
+    for _, m in ipairs(woken) do
+      places[#places + 1] = fmt(now + woken_ms)
+      places[#places + 1] = m
+    end
+    redis.call('ZADD', rq, unpack(places))
+    -- the sentinel outlives the places: their waiters' tries then take them out
+    keep_waiting(sentinel, { rq }, woken_ms)
+  end
   -- unlimited readers beyond the scan: every shared waiter retries
   if everyShared and #entries == scan then codes[#codes + 1] = '2' end
+  -- no lockstep waiter to wake: '-1' says the '0' (for Redisson's waiters) is not for lockstep's
+  if zero and #codes == 0 then codes[1] = '1' end
   for i, c in ipairs(codes) do
     if zero and i == #codes then c = '-' .. c end
     redis.call('PUBLISH', channel, c)
   end
   if zero then redis.call('PUBLISH', channel, '0') end
-  return head ~= nil or #entries > #woken or #entries == scan
+  return head ~= nil or rest or #pending > 0
 end
 `
 
 /**
  * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
- * and with a quarantine the server's epoch record.
+ * woken, and with a quarantine the server's epoch record.
  * ARGV: holder, mode ('x' | 's'), permits, limit (-1: unlimited), leaseMs, fair ('1' | '0'),
  * waiterTtlMs, count (the holder's count in that mode once granted), wake code, register ('1':
  * the holder waits on a subscription; a denied unfair attempt registers it as a waiter), the
@@ -341,7 +373,7 @@ end
  * hold that is gone, or a late copy from a holder that ended).
  */
 export const acquire = `${prelude}${fence}${quarantine}
-local key, token, channel, fq, fqt, ended, wq, sentinel = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local key, token, channel, fq, fqt, ended, wq, sentinel, rq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local holder, excl = ARGV[1], ARGV[2] == 'x'
 local permits, limit, lease = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local fair, waiterTtl, count = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -432,6 +464,8 @@ local waiting = type(memo[2]) == 'string'
 check()
 local fm = code .. '|' .. holder
 local wm = code .. '|' .. (excl and 'x' or 's') .. '|' .. fmt(permits) .. '|' .. fmt(limit)
+-- a woken waiter tries: granted or not, the place kept for it is free again
+if waiting and register then redis.call('ZREM', rq, wm) end
 local first, mine = true, nil
 if fair and waiting then
   prune_fair(fq, fqt, now)
@@ -463,7 +497,7 @@ end
 -- a new grant waits out the server's quarantine (re-entries and a writer's read hold do not:
 -- the hold they build on is on this server)
 if blocking == nil and first and longest > 0 then
-  local till = quarantined_until(KEYS[9], longest, now)
+  local till = quarantined_until(KEYS[10], longest, now)
   if now < till then block(till) end
 end
 
@@ -522,14 +556,15 @@ return {0, fmt(retry)}
 `
 
 /**
- * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
+ * woken.
  * ARGV: holder, mode ('x' | 's'), count (the holder's count in that mode before the release),
  * leaseMs (how long an ended holder is remembered).
  * Returns the remaining count for that mode, or -1 when the holder holds nothing (and did not
  * just end: a copy of its last release answers 0 again).
  */
 export const release = `${prelude}
-local key, channel, fq, fqt, ended, wq, sentinel = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local key, channel, fq, fqt, ended, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local holder, excl, count, lease = ARGV[1], ARGV[2] == 'x', tonumber(ARGV[3]), tonumber(ARGV[4])
 local flat = redis.call('HGETALL', key)
 
@@ -608,7 +643,7 @@ if me == nil then
   end
   if st.dropped and st.flag then
     -- expired holds were dropped: waiters may enter
-    if not wake(channel, fq, fqt, wq, now, false, left_by(st.holders)) then
+    if not wake(channel, fq, fqt, wq, rq, sentinel, now, false, left_by(st.holders)) then
       redis.call('DEL', sentinel)
     end
   end
@@ -659,7 +694,7 @@ elseif remaining ~= held then
 end
 if not freed then return remaining end
 if st.flag then
-  if not wake(channel, fq, fqt, wq, now, zero, left_by(st.holders)) then
+  if not wake(channel, fq, fqt, wq, rq, sentinel, now, zero, left_by(st.holders)) then
     -- no one waits any more
     redis.call('DEL', sentinel)
     if not zero then redis.call('HDEL', key, P .. 'w') end
@@ -700,7 +735,7 @@ return reply(out)
 `
 
 /**
- * KEYS: K, token, channel, fair queue, fair expiries, ended (unused), waiters, sentinel.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (unused), waiters, sentinel, woken.
  * Reads only. Returns {fence, limit or '', holder count, holders as flat {holder, x, s, p, f, ttl}...,
  * queue as flat {holder, ttl}...} with the queue in arrival order.
  */
@@ -739,13 +774,14 @@ return reply(out)
 `
 
 /**
- * KEYS: K, token, channel, fair queue, fair expiries, the operation's memory, waiters, sentinel.
+ * KEYS: K, token, channel, fair queue, fair expiries, the operation's memory, waiters, sentinel,
+ * woken.
  * ARGV: how long the operation is remembered (ms). Drops every holder (remembered as ended until
  * their holds would have expired); 1 if anything was held. A second copy of the same operation
  * changes nothing and answers as the first.
  */
 export const forceRelease = `${prelude}${base}
-local key, channel, fq, fqt, applied, wq, sentinel = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local key, channel, fq, fqt, applied, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local memory = tonumber(ARGV[1])
 -- a copy answers as the first delivery did
 local before = redis.call('GET', applied)
@@ -760,7 +796,7 @@ end
 redis.call('DEL', key)
 redis.call('SET', applied, fmt(held), 'PX', fmt(memory))
 if st.flag or redis.call('EXISTS', sentinel) == 1 then
-  if not wake(channel, fq, fqt, wq, now, true, true, false, 0) then redis.call('DEL', sentinel) end
+  if not wake(channel, fq, fqt, wq, rq, sentinel, now, true, true, false, 0) then redis.call('DEL', sentinel) end
 else
   redis.call('PUBLISH', channel, '0')
 end
@@ -784,7 +820,8 @@ return 1
 `
 
 /**
- * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
+ * woken.
  * ARGV: holder, leaseMs, the holder's fair-queue member. Leaves the fair queue (a waiter that is
  * not a holder is remembered as ended for leaseMs); tells the new head.
  */
@@ -807,19 +844,21 @@ return 0
 `
 
 /**
- * KEYS: K, token, channel, fair queue, fair expiries, ended (unused), waiters, sentinel.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (unused), waiters, sentinel, woken.
  * ARGV: the waiter's member in the waiters set. A registered waiter that gives up without a grant
  * leaves the set; if a release had already taken it out (a wake-up was on its way to it), the
  * wake-up goes on to the waiters that can win now.
  */
 export const leave = `${prelude}${base}
-local key, channel, fq, fqt, wq, sentinel = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8]
+local key, channel, fq, fqt, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9]
 if redis.call('ZREM', wq, ARGV[1]) == 1 then return 0 end
 if redis.call('EXISTS', sentinel) == 0 then return 0 end
+-- the place kept for it goes too
+redis.call('ZREM', rq, ARGV[1])
 local now = clock()
 local st = load(key, redis.call('HGETALL', key), now)
 local free, writer, taken = left_by(st.holders)
-if not writer then wake(channel, fq, fqt, wq, now, false, free, writer, taken) end
+if not writer then wake(channel, fq, fqt, wq, rq, sentinel, now, false, free, writer, taken) end
 return 1
 `
 

@@ -1,6 +1,8 @@
 import type { Exit, Scope } from "effect"
 import { Effect } from "effect"
+import { constVoid } from "effect/Function"
 import type { HoldMode, Subscription } from "@lockstep/core/LockBackend"
+import { subscriptionOf } from "@lockstep/core/LockBackend"
 
 /**
  * The wake code of a holder: a 52-bit hash of its id, in decimal. Releases name the waiters they
@@ -26,7 +28,8 @@ export const wakeCode = (holder: string): string => {
 interface Waiter {
   readonly holder: string
   readonly code: string
-  readonly mode: HoldMode
+  /** `latch`: a latch's waiter; a message on a latch's channel wakes every one of them. */
+  readonly mode: HoldMode | "latch"
   /** A wake-up delivered while no fiber was suspended in `await`. */
   pending: boolean
   readonly resumers: Set<() => void>
@@ -65,10 +68,11 @@ export const idleUnsubscribeMs = 1_000
  * again keeps its subscription instead of a SUBSCRIBE / UNSUBSCRIBE per wait).
  *
  * Messages (see scripts.ts): a wake code wakes the waiter it names (`-<code>`: and the `0` that
- * follows belongs to the same release); `2` every shared waiter; `0` (Redisson's unlock message,
- * or a release that knew of no registered waiter) the longest-waiting one without a pending
- * wake-up, and every shared waiter if that one asks for a shared hold. A name (an older lockstep
- * telling a fair queue's head) wakes the waiter with that holder id.
+ * follows belongs to the same release; `-1`: only that); `2` every shared waiter; `0` (Redisson's
+ * unlock message, or a release that knew of no registered waiter) the longest-waiting one without
+ * a pending wake-up (on a latch's channel, where `0` and `1` say the count changed: every
+ * waiter). A name (an older lockstep telling a fair queue's head) wakes the waiter with that
+ * holder id.
  */
 export const makeWakeups = (
   connection: SubscriberConnection,
@@ -92,16 +96,21 @@ export const makeWakeups = (
   }
 
   /**
-   * Wakes the longest-waiting waiter without a pending wake-up; if it asks for a shared hold,
-   * every shared waiter, since freed capacity may fit several and a denied one passes nothing on.
+   * Wakes the longest-waiting waiter without a pending wake-up, whatever it asks for. Not every
+   * shared waiter: a lockstep release that frees a key no registered waiter waits for sends a
+   * bare `0` too, and waiters still subscribing (the only ones it can reach) look again anyway
+   * once subscribed; so that `0` would wake a herd for nothing.
    */
   const wakeOne = (channel: Channel) => {
     for (const waiter of channel.waiters) {
       if (waiter.pending) continue
-      deliver(waiter)
-      if (waiter.mode === "shared") wakeShared(channel)
-      return
+      if (waiter.mode === "latch") return wakeLatch(channel)
+      return deliver(waiter)
     }
+  }
+
+  const wakeLatch = (channel: Channel) => {
+    for (const waiter of channel.waiters) if (!waiter.pending) deliver(waiter)
   }
 
   const onMessage = (name: string, message: string) => {
@@ -119,6 +128,7 @@ export const makeWakeups = (
       channel.skipZero = true
       body = body.slice(1)
     }
+    if (body === "1") return
     if (body === "2") return wakeShared(channel)
     const named = channel.byCode.get(body)
     if (named !== undefined) {
@@ -149,7 +159,7 @@ export const makeWakeups = (
   const subscribe = (
     name: string,
     holder: string,
-    mode: HoldMode,
+    mode: HoldMode | "latch",
     abandon?: (member: string) => void
   ): Effect.Effect<Subscription, unknown, Scope.Scope> =>
     Effect.acquireRelease(
@@ -206,17 +216,18 @@ export const makeWakeups = (
           }
         })
     ).pipe(
-      Effect.map(({ waiter }): Subscription => ({
-        await: Effect.async<void>((resume) => {
+      Effect.map(({ waiter }): Subscription =>
+        subscriptionOf((wake) => {
           if (waiter.pending) {
             waiter.pending = false
-            return resume(Effect.void)
+            wake(Effect.void)
+            return constVoid
           }
-          const resumer = () => resume(Effect.void)
+          const resumer = () => wake(Effect.void)
           waiter.resumers.add(resumer)
-          return Effect.sync(() => void waiter.resumers.delete(resumer))
+          return () => void waiter.resumers.delete(resumer)
         })
-      }))
+      )
     )
 
   const unsubscribe = (name: string, channel: Channel) => {

@@ -1,5 +1,6 @@
 import { Deferred, Duration, Effect, Either, Exit, Fiber, Schedule, Scope, Stream } from "effect"
-import type * as LockBackend from "@lockstep/core/LockBackend"
+import { constVoid } from "effect/Function"
+import * as LockBackend from "@lockstep/core/LockBackend"
 import { BackendError, backendClosed, InvalidLockOptions } from "@lockstep/core/LockError"
 import * as Rules from "@lockstep/core/Rules"
 import type { SqlClient } from "@effect/sql/SqlClient"
@@ -228,18 +229,18 @@ export const make = (
               if (!isWatched(key)) known.delete(key)
             }
           })
-      ).pipe(Effect.map((waiter) => ({
-        await: Effect.async<void>((resume) => {
+      ).pipe(Effect.map((waiter) =>
+        LockBackend.subscriptionOf((wake) => {
           if (waiter.pending || closed) {
             waiter.pending = false
-            resume(Effect.void)
-            return
+            wake(Effect.void)
+            return constVoid
           }
-          const resumer = () => resume(Effect.void)
+          const resumer = () => wake(Effect.void)
           waiter.resumers.add(resumer)
-          return Effect.sync(() => waiter.resumers.delete(resumer))
+          return () => void waiter.resumers.delete(resumer)
         })
-      })))
+      ))
 
     // ---- transactions -----------------------------------------------------------------------
     // better-sqlite3 waits for SQLite's write lock synchronously, blocking the event loop, and a
