@@ -8,7 +8,7 @@
  * deadline never outlives the server's lease) is checked against the recorded request times, not
  * against timers.
  */
-import { afterAll, assert, describe, it } from "@effect/vitest"
+import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Duration, Effect, Exit, Fiber, Option, Scope } from "effect"
 import { Lock } from "@lockstep/core"
 import type { Lease } from "@lockstep/core/Lease"
@@ -23,6 +23,7 @@ import {
   rawClient,
   retryWhileReconnecting,
   runnable,
+  trapRejections,
   typedFailure,
   warnIfNotRun,
   withBackend
@@ -35,19 +36,7 @@ const WATCHDOG = Duration.millis(WATCHDOG_MS)
 
 // Anything that escapes the Effect world (a rejected ioredis promise nobody handles, an exception
 // in an event handler) is counted for the whole file and must stay at 0.
-const escaped: Array<string> = []
-const onRejection = (reason: unknown) => {
-  escaped.push(`unhandledRejection: ${String(reason)}`)
-}
-const onException = (error: unknown) => {
-  escaped.push(`uncaughtException: ${String(error)}`)
-}
-process.on("unhandledRejection", onRejection)
-process.on("uncaughtException", onException)
-afterAll(() => {
-  process.off("unhandledRejection", onRejection)
-  process.off("uncaughtException", onException)
-})
+const escaped = trapRejections()
 
 const tagOf = (exit: Exit.Exit<unknown, { readonly _tag: string }>): string =>
   Option.match(typedFailure(exit), { onNone: () => (Exit.isSuccess(exit) ? "success" : "no typed failure"), onSome: (e) => e._tag })

@@ -30,13 +30,13 @@
  * round failed because a Redis connection had ended (ioredis's "Connection is closed."), with the
  * time of the first such round, and counts those rounds.
  */
-import { afterAll, assert, describe, it } from "@effect/vitest"
+import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { SentinelFault, SentinelFaultKind, SentinelPhaseConfig, SentinelPhaseResult } from "./fixtures/nemesisSentinel.js"
 import { failoverKinds, faultKinds, runSentinelPhase } from "./fixtures/nemesisSentinel.js"
 import type { LeaseRecord, Overlap } from "./fixtures/nemesisHistory.js"
 import { checkFences, overlaps, staleAccepted, writesAfterValidity } from "./fixtures/nemesisHistory.js"
-import { runnable, warnIfNotRun } from "./fixtures/realRedis.js"
+import { runnable, trapRejections, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis Sentinel nemesis suite (nemesisSentinel.test.ts)")
 
@@ -62,19 +62,7 @@ const FAILOVER_TIMEOUT_MS = 2_000
 
 // Anything that escapes the Effect world in this process (an error event nobody listens to on a
 // socket of the resource) is a harness bug and fails the phase it happened in.
-const escaped: Array<string> = []
-const onRejection = (reason: unknown) => {
-  escaped.push(`unhandledRejection: ${String(reason)}`)
-}
-const onException = (error: unknown) => {
-  escaped.push(`uncaughtException: ${String(error)}`)
-}
-process.on("unhandledRejection", onRejection)
-process.on("uncaughtException", onException)
-afterAll(() => {
-  process.off("unhandledRejection", onRejection)
-  process.off("uncaughtException", onException)
-})
+const escaped = trapRejections()
 
 /** `NEMESIS_VERBOSE=1` prints the fault timeline, each client's grants per second and its log lines. */
 const verbose = process.env["NEMESIS_VERBOSE"] === "1"
