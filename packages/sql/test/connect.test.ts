@@ -4,10 +4,13 @@
  * password on PostgreSQL and MariaDB, an unopenable SQLite file and an unset `DATABASE_URL`. Each
  * prints the message it got.
  */
+import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, assert, describe, it } from "@effect/vitest"
-import { Config, ConfigProvider, Effect, Exit, Layer, Redacted, Scope } from "effect"
+import { Config, ConfigProvider, Context, Effect, Exit, Fiber, Layer, Option, Redacted, Scope } from "effect"
+import * as SqlClient from "@effect/sql/SqlClient"
+import { SqliteClient } from "@effect/sql-sqlite-node"
 import { SqlBackend } from "@lockstep/sql"
 import { mysqlServer, postgresServer, required } from "./databases.js"
 import { freePort, type OwnServer, ownPostgresWith, ownServersAvailable } from "./servers.js"
@@ -171,6 +174,29 @@ describe("connecting to SQLite fails with the file and the driver's reason", () 
       assert.strictEqual(error._tag, "BackendError")
       assert.include(error.message, `lock backend failed during connect on SQLite ${tmpdir()}: `)
     }))
+})
+
+describe("opening a SQLite file that another connection holds locked", () => {
+  // As when another process opens the file at the same moment: a connection holds the file's
+  // exclusive lock, still in rollback-journal mode (switching to WAL, the client's first statement,
+  // needs that lock). The driver waits for a lock synchronously, for its busy timeout of 5 s, and
+  // this process's holder cannot let go meanwhile; then the switch fails with SQLITE_BUSY, and the
+  // layer must try again rather than fail.
+  it.scopedLive("the layer tries again until the lock is let go, then opens the file", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "lockstep-busy-"))
+      yield* Effect.addFinalizer(() => Effect.sync(() => rmSync(dir, { recursive: true, force: true })))
+      const file = join(dir, "locks.db")
+      const holder = yield* Layer.build(SqliteClient.layer({ filename: file, disableWAL: true }))
+      const sql = Context.get(holder, SqlClient.SqlClient)
+      yield* sql.unsafe("CREATE TABLE held (x INTEGER)")
+      yield* sql.unsafe("BEGIN EXCLUSIVE")
+      const opening = yield* Effect.fork(Effect.scoped(Layer.build(SqlBackend.layerConfig(Config.succeed(Redacted.make(`sqlite:${file}`))))))
+      yield* Effect.sleep("300 millis")
+      assert.isTrue(Option.isNone(yield* Fiber.poll(opening)), "the layer ended (failed) while the file was locked")
+      yield* sql.unsafe("COMMIT")
+      yield* Fiber.join(opening)
+    }), 30_000)
 })
 
 describe("an unset URL names the variable", () => {
