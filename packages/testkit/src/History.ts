@@ -4,8 +4,9 @@
  * - mutual exclusion: while a holder holds a key exclusively, no other holder holds it at all;
  * - capacity: the permits of the shared holders of a key never exceed its limit, and they agree
  *   on that limit;
- * - fencing: every new grant of a key carries a fence above all earlier ones; a re-entrant grant
- *   (or a writer taking the read lock) keeps the holder's fence;
+ * - fencing: every new grant of a key carries a fence above every grant answered before its
+ *   acquisition was sent (acquisitions in flight together may be granted in either order); a
+ *   re-entrant grant (or a writer taking the read lock) keeps the holder's fence;
  * - well-formedness: no release of a hold that was never granted.
  *
  * Events are ordered by `at`, a logical sequence number. To judge a real, concurrent system
@@ -50,6 +51,11 @@ export type Event = Data.TaggedEnum<{
     readonly fence: number
     /** When the hold ends unless renewed, on the clock of `time`. */
     readonly expiresAt?: number | undefined
+    /**
+     * The sequence number taken when the acquisition was sent (`at` if absent): the fence must be
+     * above those of the grants answered before it, not of those answered while it was in flight.
+     */
+    readonly invokedAt?: number | undefined
   }
   /** `holder` released one hold of `key` in `mode`. */
   Release: {
@@ -239,11 +245,23 @@ interface HoldState {
 }
 
 interface KeyTrack {
-  /** The highest fence seen on a new grant. */
-  lastFence: number
+  /** The new grants in `at` order, each with the highest fence of the new grants up to it. */
+  readonly answered: Array<{ readonly at: number; readonly highest: number }>
   readonly holds: Map<string, HoldState>
   /** Holders whose holds ended without a release (expiry, loss, force release). */
   readonly ended: Set<string>
+}
+
+/** The highest fence among `answered` (in `at` order) with an `at` below `before`. */
+const highestAnsweredBefore = (answered: KeyTrack["answered"], before: number): number => {
+  let low = 0
+  let high = answered.length
+  while (low < high) {
+    const mid = (low + high) >>> 1
+    if (answered[mid]!.at < before) low = mid + 1
+    else high = mid
+  }
+  return low === 0 ? Number.NEGATIVE_INFINITY : answered[low - 1]!.highest
 }
 
 /**
@@ -271,7 +289,7 @@ export const check = (events: Iterable<Event>): ReadonlyArray<Violation> => {
   const track = (key: string): KeyTrack => {
     let found = keys.get(key)
     if (found === undefined) {
-      found = { lastFence: Number.NEGATIVE_INFINITY, holds: new Map(), ended: new Set() }
+      found = { answered: [], holds: new Map(), ended: new Set() }
       keys.set(key, found)
     }
     return found
@@ -296,10 +314,12 @@ export const check = (events: Iterable<Event>): ReadonlyArray<Violation> => {
         const { at, holder, key, mode } = event
         const current = k.holds.get(holder)
         if (current === undefined) {
-          if (!(event.fence > k.lastFence)) {
-            violations.push(Violation.FenceNotIncreasing({ at, key, holder, fence: event.fence, previous: k.lastFence }))
+          const previous = highestAnsweredBefore(k.answered, event.invokedAt ?? at)
+          if (!(event.fence > previous)) {
+            violations.push(Violation.FenceNotIncreasing({ at, key, holder, fence: event.fence, previous }))
           }
-          k.lastFence = Math.max(k.lastFence, event.fence)
+          const last = k.answered[k.answered.length - 1]
+          k.answered.push({ at, highest: Math.max(last?.highest ?? Number.NEGATIVE_INFINITY, event.fence) })
           k.ended.delete(holder)
         } else if (current.fence !== event.fence) {
           violations.push(Violation.FenceChanged({ at, key, holder, fence: event.fence, expected: current.fence }))
@@ -529,6 +549,7 @@ export const instrument = (recorder: Recorder, backend: Service): Service => {
     acquire: (request) =>
       Effect.gen(function*() {
         const before = yield* Clock.currentTimeMillis
+        const invokedAt = yield* recorder.sequence
         const result = yield* backend.acquire(request).pipe(
           Effect.tapErrorTag("BackendError", () => Effect.sync(() => uncertain.add(attempt(request))))
         )
@@ -540,7 +561,8 @@ export const instrument = (recorder: Recorder, backend: Service): Service => {
             permits: request.permits,
             limit: request.limit,
             fence: result.fence,
-            expiresAt: before + request.leaseMs
+            expiresAt: before + request.leaseMs,
+            invokedAt
           })
         }
         return result

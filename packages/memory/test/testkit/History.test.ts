@@ -12,10 +12,19 @@ const at = () => ++seq
 const grant = (
   holder: string,
   fence: number,
-  options: { mode?: HoldMode; permits?: number; limit?: number; key?: string; time?: number; expiresAt?: number } = {}
+  options: {
+    mode?: HoldMode
+    permits?: number
+    limit?: number
+    key?: string
+    time?: number
+    expiresAt?: number
+    invokedAt?: number
+  } = {}
 ) =>
   E.Grant({
     at: at(),
+    invokedAt: options.invokedAt,
     key: options.key ?? "k",
     holder,
     mode: options.mode ?? "exclusive",
@@ -33,6 +42,16 @@ describe("History.check", () => {
   describe("accepts", () => {
     it("exclusive holds one after the other, fences increasing (gaps allowed)", () => {
       assert.deepStrictEqual(tags([grant("a", 1), release("a"), grant("b", 2), release("b"), grant("a", 5)]), [])
+    })
+
+    it("readers whose acquisitions overlapped, answered in another order than their fences", () => {
+      // both asked before either was answered: the backend may grant them in either order
+      const asked = at()
+      const events = [
+        grant("r1", 20, { mode: "shared", limit: Infinity, invokedAt: asked }),
+        grant("r2", 10, { mode: "shared", limit: Infinity, invokedAt: asked })
+      ]
+      assert.deepStrictEqual(tags(events), [])
     })
 
     it("re-entry and a downgrade by the same holder, keeping the fence", () => {
@@ -122,6 +141,12 @@ describe("History.check", () => {
     it("a new grant whose fence is not above every earlier one", () => {
       assert.deepStrictEqual(tags([grant("a", 2), release("a"), grant("b", 2)]), ["FenceNotIncreasing"])
       assert.deepStrictEqual(tags([grant("a", 5), release("a"), grant("b", 3)]), ["FenceNotIncreasing"])
+      // asked for after an earlier grant was answered: it must be above it, shared or not
+      const first = grant("r1", 20, { mode: "shared", limit: Infinity })
+      const asked = at()
+      assert.deepStrictEqual(tags([first, grant("r2", 10, { mode: "shared", limit: Infinity, invokedAt: asked })]), [
+        "FenceNotIncreasing"
+      ])
     })
 
     it("an overlap with a hold a renewal kept alive past its first expiry", () => {
