@@ -18,6 +18,12 @@ export interface RowWrite {
   readonly version: number
 }
 
+/** Ended holders of `name` to remember, each until a time. */
+export interface EndedWrite {
+  readonly name: string
+  readonly ended: ReadonlyArray<readonly [string, number]>
+}
+
 export interface Dialect {
   readonly name: DialectName
   /**
@@ -35,12 +41,14 @@ export interface Dialect {
   readonly lockRows: (names: ReadonlyArray<string>) => ReadonlyArray<Statement>
   /** One row `now, state, version` for `name`, without a lock (state null when there is no row). */
   readonly readRow: (name: string) => Statement
-  /** Overwrites locked rows; `wake`: the payloads to notify on commit (PostgreSQL only). */
-  readonly writeRows: (rows: ReadonlyArray<RowWrite>, wake: ReadonlyArray<string>) => Statement
+  /**
+   * Overwrites locked rows (`rows`), and remembers ended holders of one of them until the times
+   * given (`ended`); `wake`: the payloads to notify on commit (PostgreSQL only). The statements to
+   * run in order, each on its own (PostgreSQL: one for it all).
+   */
+  readonly write: (rows: ReadonlyArray<RowWrite>, wake: ReadonlyArray<string>, ended: EndedWrite | undefined) => ReadonlyArray<Statement>
   /** `holder, expires_at` of the ended holders `ids` of `name` that are remembered. */
   readonly readEnded: (name: string, ids: ReadonlyArray<string>) => Statement
-  /** Remembers ended holders of `name` until the times given. */
-  readonly writeEnded: (name: string, ended: ReadonlyArray<readonly [string, number]>) => Statement
   /** Deletes rows (and remembered holders) whose `expires_at` has passed on the database's clock. */
   readonly sweep: ReadonlyArray<Statement>
   /** `name, version` of the rows of `names` that exist. */
@@ -85,6 +93,19 @@ const placeholders = (count: number, from: number, dollar: boolean): string =>
 
 const rowsValues = (rows: ReadonlyArray<RowWrite>, dollar: boolean): string =>
   rows.map((_, i) => `(${placeholders(4, i * 4 + 1, dollar)})`).join(", ")
+
+const endedValues = (ended: ReadonlyArray<unknown>, from: number, dollar: boolean): string =>
+  ended.map((_, i) => `(${placeholders(3, from + i * 3, dollar)})`).join(", ")
+
+/** `write` as separate statements: `writeRows`, then `writeEnded`, each where there is something to write. */
+const writeApart = (
+  writeRows: (rows: ReadonlyArray<RowWrite>) => Statement,
+  writeEnded: (write: EndedWrite) => Statement
+): Dialect["write"] =>
+(rows, _wake, ended) => [
+  ...(rows.length > 0 ? [writeRows(rows)] : []),
+  ...(ended !== undefined && ended.ended.length > 0 ? [writeEnded(ended)] : [])
+]
 
 const rowsParams = (rows: ReadonlyArray<RowWrite>): ReadonlyArray<unknown> =>
   rows.flatMap((row) => [row.name, row.state, row.expiresAt, row.version])
@@ -131,25 +152,34 @@ const postgres = (table: Table): Dialect => {
       params: [names]
     }],
     readRow: (name) => ({ sql: `SELECT ${now} AS now, s.state, s.version FROM (SELECT 1) AS one LEFT JOIN ${t} AS s ON s.name = $1`, params: [name] }),
-    writeRows: (rows, wake) => {
-      const write = `INSERT INTO ${t} AS t (name, state, expires_at, version) VALUES ${rowsValues(rows, true)} ` +
-        "ON CONFLICT (name) DO UPDATE SET state = EXCLUDED.state, expires_at = EXCLUDED.expires_at, version = EXCLUDED.version"
-      if (wake.length === 0) return { sql: write, params: rowsParams(rows) }
-      const n = rows.length * 4
-      // NOTIFY is delivered on commit, to every listening backend (this one included)
-      return {
-        sql: `WITH written AS (${write} RETURNING 1) SELECT pg_notify($${n + 1}, w) FROM unnest($${n + 2}::text[]) AS w`,
-        params: [...rowsParams(rows), channel, wake]
+    // one statement for every write of a transaction (writes in WITH all run, in full)
+    write: (rows, wake, ended) => {
+      const writes: Array<string> = []
+      const params: Array<unknown> = []
+      if (rows.length > 0) {
+        writes.push(
+          `INSERT INTO ${t} AS t (name, state, expires_at, version) VALUES ${rowsValues(rows, true)} ` +
+            "ON CONFLICT (name) DO UPDATE SET state = EXCLUDED.state, expires_at = EXCLUDED.expires_at, version = EXCLUDED.version"
+        )
+        params.push(...rowsParams(rows))
       }
+      if (ended !== undefined && ended.ended.length > 0) {
+        writes.push(
+          `INSERT INTO ${e} (name, holder, expires_at) VALUES ${endedValues(ended.ended, params.length + 1, true)} ` +
+            "ON CONFLICT (name, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at"
+        )
+        params.push(...endedParams(ended.name, ended.ended))
+      }
+      // NOTIFY is delivered on commit, to every listening backend (this one included)
+      const last = wake.length > 0 ? `SELECT pg_notify($${params.length + 1}, w) FROM unnest($${params.length + 2}::text[]) AS w` : writes.pop()
+      if (last === undefined) return []
+      if (wake.length > 0) params.push(channel, wake)
+      const sql = writes.length === 0 ? last : `WITH ${writes.map((write, i) => `w${i} AS (${write})`).join(", ")} ${last}`
+      return [{ sql, params }]
     },
     readEnded: (name, ids) => ({
       sql: `SELECT holder, expires_at FROM ${e} WHERE name = $1 AND holder = ANY($2::text[])`,
       params: [name, ids]
-    }),
-    writeEnded: (name, ended) => ({
-      sql: `INSERT INTO ${e} (name, holder, expires_at) VALUES ${ended.map((_, i) => `(${placeholders(3, i * 3 + 1, true)})`).join(", ")} ` +
-        "ON CONFLICT (name, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at",
-      params: endedParams(name, ended)
     }),
     sweep: sweepOf(t, e, now),
     versions: (names) => ({ sql: `SELECT name, version FROM ${t} WHERE name = ANY($1::text[])`, params: [names] }),
@@ -195,16 +225,18 @@ const mysql = (table: Table): Dialect => {
     // readEnded reads under the key's row lock, which every writer of those rows holds: the first
     // plain read of the transaction, so its snapshot is taken after the lock
     ...questionMarkReads(t, e, now),
-    writeRows: (rows) => ({
-      sql: `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${rowsValues(rows, false)} ` +
-        "ON DUPLICATE KEY UPDATE state = VALUES(state), expires_at = VALUES(expires_at), version = VALUES(version)",
-      params: rowsParams(rows)
-    }),
-    writeEnded: (name, ended) => ({
-      sql: `INSERT INTO ${e} (name, holder, expires_at) VALUES ${ended.map(() => "(?, ?, ?)").join(", ")} ` +
-        "ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)",
-      params: endedParams(name, ended)
-    }),
+    write: writeApart(
+      (rows) => ({
+        sql: `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${rowsValues(rows, false)} ` +
+          "ON DUPLICATE KEY UPDATE state = VALUES(state), expires_at = VALUES(expires_at), version = VALUES(version)",
+        params: rowsParams(rows)
+      }),
+      ({ ended, name }) => ({
+        sql: `INSERT INTO ${e} (name, holder, expires_at) VALUES ${endedValues(ended, 1, false)} ` +
+          "ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)",
+        params: endedParams(name, ended)
+      })
+    ),
     sweep: sweepOf(t, e, now),
     retryable: (cause) => {
       const errno = causeOf(cause)["errno"]
@@ -238,16 +270,18 @@ const sqlite = (table: Table): Dialect => {
       params: names
     }],
     ...questionMarkReads(t, e, now),
-    writeRows: (rows) => ({
-      sql: `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${rowsValues(rows, false)} ` +
-        "ON CONFLICT (name) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at, version = excluded.version",
-      params: rowsParams(rows)
-    }),
-    writeEnded: (name, ended) => ({
-      sql: `INSERT INTO ${e} (name, holder, expires_at) VALUES ${ended.map(() => "(?, ?, ?)").join(", ")} ` +
-        "ON CONFLICT (name, holder) DO UPDATE SET expires_at = excluded.expires_at",
-      params: endedParams(name, ended)
-    }),
+    write: writeApart(
+      (rows) => ({
+        sql: `INSERT INTO ${t} (name, state, expires_at, version) VALUES ${rowsValues(rows, false)} ` +
+          "ON CONFLICT (name) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at, version = excluded.version",
+        params: rowsParams(rows)
+      }),
+      ({ ended, name }) => ({
+        sql: `INSERT INTO ${e} (name, holder, expires_at) VALUES ${endedValues(ended, 1, false)} ` +
+          "ON CONFLICT (name, holder) DO UPDATE SET expires_at = excluded.expires_at",
+        params: endedParams(name, ended)
+      })
+    ),
     sweep: sweepOf(t, e, now),
     // BEGIN IMMEDIATE found the write lock taken (it is taken without waiting: see sqlBackend.ts),
     // after which nothing conflicts

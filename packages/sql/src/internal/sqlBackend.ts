@@ -1,4 +1,4 @@
-import { Deferred, Duration, Effect, Either, Exit, Fiber, Schedule, Scope, Stream } from "effect"
+import { Cause, Deferred, Duration, Effect, Either, Exit, Fiber, FiberId, Schedule, Scope, Stream } from "effect"
 import { constVoid } from "effect/Function"
 import * as LockBackend from "@lockstep/core/LockBackend"
 import { BackendError, backendClosed, InvalidLockOptions } from "@lockstep/core/LockError"
@@ -26,6 +26,11 @@ export interface Settings extends Tuning {
 interface Remembered {
   readonly key: string
   readonly ids: ReadonlyArray<string>
+  /**
+   * Acquire and release: the rules ask about `ids` only when this holder holds nothing on the key
+   * (a late copy, or a re-entry into a hold that is gone); while it holds, they are not read.
+   */
+  readonly unlessHolding?: string
 }
 
 /** A row as a transaction found it. */
@@ -84,6 +89,7 @@ export const make = (
     const renewBatchSize = Math.max(1, settings?.renewBatchSize ?? 500)
     const pollInterval = Duration.decode(settings?.pollInterval ?? (name === "sqlite" ? Duration.millis(10) : Duration.millis(25)))
     const sweepInterval = Duration.decode(settings?.sweepInterval ?? Duration.minutes(1))
+    const commandTimeoutMs = Duration.toMillis(commandTimeout)
 
     // set when the backend's scope closes: from then on every call says so, whatever the client
     // (borrowed, it may well still be open) would have answered
@@ -112,16 +118,31 @@ export const make = (
      * `effect` bounded by the command timeout, in a fiber of its own: the timeout stops it even
      * where the caller cannot be interrupted (an acquisition in flight ends with an answer or a
      * `BackendError`, never cut off after its commit), and a caller that can be interrupted stops
-     * it too.
+     * it too. One fiber and one timer per call: the timer interrupts the fiber, and the caller
+     * reads its exit without taking on its fiber refs (nothing in them is the caller's concern,
+     * and merging them back costs more than the call's own work). The timer is the host's: the
+     * server answers in real time, whatever clock the caller's effects run on.
      */
     const bounded = <A>(operation: string, effect: Effect.Effect<A, unknown>): Effect.Effect<A, BackendError> =>
       Effect.uninterruptibleMask((restore) =>
         Effect.flatMap(
           // a daemon: a child fiber would be interrupted with the caller, also where it cannot be
-          Effect.forkDaemon(
-            Effect.interruptible(effect).pipe(Effect.timeoutFail({ duration: commandTimeout, onTimeout: () => timedOut }))
-          ),
-          (fiber) => restore(Fiber.join(fiber)).pipe(Effect.onInterrupt(() => Fiber.interrupt(fiber)))
+          Effect.forkDaemon(Effect.interruptible(effect)),
+          (fiber) => {
+            let late = false
+            const timer = Number.isFinite(commandTimeoutMs) && commandTimeoutMs < maxTimerMs
+              ? setTimeout(() => {
+                late = true
+                fiber.unsafeInterruptAsFork(FiberId.none)
+              }, commandTimeoutMs)
+              : undefined
+            return restore(Fiber.await(fiber)).pipe(
+              Effect.onInterrupt(() => Fiber.interrupt(fiber)),
+              Effect.ensuring(Effect.sync(() => clearTimeout(timer))),
+              // an answer that arrived as the timer fired is still the answer
+              Effect.flatMap((exit) => late && Exit.isFailure(exit) && Cause.isInterrupted(exit.cause) ? Effect.fail(timedOut) : exit)
+            )
+          }
         )
       ).pipe(
         Effect.mapError(failure(operation)),
@@ -136,7 +157,7 @@ export const make = (
      * and a connection that arrives after `scope` closed goes back at once.
      */
     const reserveIn = (scope: Scope.Scope): Effect.Effect<Connection, unknown> =>
-      Effect.flatMap(Effect.forkDaemon(Effect.uninterruptible(Scope.extend(sql.reserve, scope))), Fiber.join)
+      Effect.flatMap(Effect.forkDaemon(Effect.uninterruptible(Scope.extend(sql.reserve, scope))), (fiber) => Effect.flatten(Fiber.await(fiber)))
 
     /** A statement outside any transaction, bounded like every call. */
     const run = (operation: string, statement: Dialect.Statement) =>
@@ -322,7 +343,7 @@ export const make = (
           }
           // the ended holders the rules may ask about: rows of their own, read under the key's lock
           const ended = new Map<string, number>()
-          if (remembered !== undefined && remembered.ids.length > 0) {
+          if (remembered !== undefined && remembered.ids.length > 0 && asksEnded(remembered, stateOf(names, loaded), now)) {
             for (const row of yield* execute(connection, dialect.readEnded(remembered.key, remembered.ids))) {
               ended.set(asName(row["holder"]), asNumber(row["expires_at"]))
             }
@@ -353,14 +374,11 @@ export const make = (
             })
             wake.push(...woken)
           }
-          if (writes.length > 0) {
-            yield* execute(connection, dialect.writeRows(writes, wake.map((payload) => `${clientId}|${payload}`)))
-          }
-          if (remembered !== undefined) {
-            const after = decision.state.keys.get(remembered.key)?.ended ?? new Map<string, number>()
-            const remember = [...after].filter(([id, until]) => ended.get(id) !== until)
-            if (remember.length > 0) yield* execute(connection, dialect.writeEnded(remembered.key, remember))
-          }
+          const after = remembered === undefined ? undefined : decision.state.keys.get(remembered.key)?.ended ?? new Map<string, number>()
+          const remember = after === undefined ? [] : [...after].filter(([id, until]) => ended.get(id) !== until)
+          const wakeUp = wake.map((payload) => `${clientId}|${payload}`)
+          const endedWrite = remembered === undefined || remember.length === 0 ? undefined : { name: remembered.key, ended: remember }
+          for (const statement of dialect.write(writes, wakeUp, endedWrite)) yield* execute(connection, statement)
           versions = names.map((key) => [key, writes.find((w) => w.name === key)?.version ?? loaded.get(key)?.version ?? 0])
           return decision.result
         })).pipe(
@@ -463,6 +481,9 @@ export const make = (
 
 const timedOut = "no answer within the command timeout"
 
+/** Longer timeouts than a host timer takes never fire (as with `Effect.timeout`). */
+const maxTimerMs = 2 ** 31 - 1
+
 /** Between tries of a transaction the database refused for now: 2 ms, doubling up to 25 ms, jittered. */
 const retrySchedule = Schedule.exponential(Duration.millis(2)).pipe(
   Schedule.union(Schedule.spaced(Duration.millis(25))),
@@ -522,7 +543,17 @@ export const migrate = (
   Effect.flatMap(resolve(sql, settings), ({ dialect }) => createSchema(sql, dialect, ofClient(sql, dialect.name)))
 
 /** Acquire and release ask whether the holder ended, and whether it ended without holding. */
-const endedOf = (key: string, holder: string): Remembered => ({ key, ids: [holder, Rules.endedUnheld(holder)] })
+const endedOf = (key: string, holder: string): Remembered => ({ key, ids: [holder, Rules.endedUnheld(holder)], unlessHolding: holder })
+
+/**
+ * Whether the rules may ask about the ended holders of `remembered` in `state` (`Rules.acquire` and
+ * `Rules.release` look them up only for a holder without a live hold). Left unread, they count as
+ * none: the decision is the same, and what it remembers is written all the same (an upsert).
+ */
+const asksEnded = (remembered: Remembered, state: Rules.State, now: number): boolean => {
+  const holder = remembered.unlessHolding
+  return holder === undefined || !Rules.liveKey(state, remembered.key, now).holders.some((h) => h.holder === holder)
+}
 
 const stateOf = (
   names: ReadonlyArray<string>,
