@@ -5,8 +5,9 @@
  * - capacity: the permits of the shared holders of a key never exceed its limit, and they agree
  *   on that limit;
  * - fencing: every new grant of a key carries a fence above every grant answered before its
- *   acquisition was sent (acquisitions in flight together may be granted in either order); a
- *   re-entrant grant (or a writer taking the read lock) keeps the holder's fence;
+ *   acquisition was sent, and above every grant it could not have held alongside (one of the two
+ *   exclusive) answered before it; only shared grants in flight together may come back in either
+ *   order. A re-entrant grant (or a writer taking the read lock) keeps the holder's fence;
  * - well-formedness: no release of a hold that was never granted.
  *
  * Events are ordered by `at`, a logical sequence number. To judge a real, concurrent system
@@ -52,8 +53,9 @@ export type Event = Data.TaggedEnum<{
     /** When the hold ends unless renewed, on the clock of `time`. */
     readonly expiresAt?: number | undefined
     /**
-     * The sequence number taken when the acquisition was sent (`at` if absent): the fence must be
-     * above those of the grants answered before it, not of those answered while it was in flight.
+     * The sequence number taken when the acquisition was sent (`at` if absent): a shared grant
+     * answered while it was in flight may carry a higher fence (the backend may have granted them
+     * in either order).
      */
     readonly invokedAt?: number | undefined
   }
@@ -246,22 +248,44 @@ interface HoldState {
 
 interface KeyTrack {
   /** The new grants in `at` order, each with the highest fence of the new grants up to it. */
-  readonly answered: Array<{ readonly at: number; readonly highest: number }>
+  readonly answered: Array<Answered>
   readonly holds: Map<string, HoldState>
   /** Holders whose holds ended without a release (expiry, loss, force release). */
   readonly ended: Set<string>
 }
 
-/** The highest fence among `answered` (in `at` order) with an `at` below `before`. */
-const highestAnsweredBefore = (answered: KeyTrack["answered"], before: number): number => {
+/** A new grant as the fence check remembers it. */
+interface Answered {
+  readonly at: number
+  readonly time: number | undefined
+  readonly fence: number
+  readonly exclusive: boolean
+  /** The highest fence of the new grants up to this one. */
+  readonly highest: number
+}
+
+/**
+ * The fence a new grant must be above: the highest of the grants answered before it was sent
+ * (`answered` is in `at` order, all before `grant`), and of those answered while it was in flight
+ * that it could not have held alongside, unless its own hold had expired by then (a late reply).
+ */
+const fenceToBeat = (answered: ReadonlyArray<Answered>, grant: Extract<Event, { readonly _tag: "Grant" }>): number => {
+  const sent = grant.invokedAt ?? grant.at
   let low = 0
   let high = answered.length
   while (low < high) {
     const mid = (low + high) >>> 1
-    if (answered[mid]!.at < before) low = mid + 1
+    if (answered[mid]!.at < sent) low = mid + 1
     else high = mid
   }
-  return low === 0 ? Number.NEGATIVE_INFINITY : answered[low - 1]!.highest
+  let previous = low === 0 ? Number.NEGATIVE_INFINITY : answered[low - 1]!.highest
+  for (let i = low; i < answered.length; i++) {
+    const other = answered[i]!
+    const conflicts = other.exclusive || grant.mode === "exclusive"
+    const expiredBefore = grant.expiresAt !== undefined && other.time !== undefined && grant.expiresAt <= other.time
+    if (conflicts && !expiredBefore) previous = Math.max(previous, other.fence)
+  }
+  return previous
 }
 
 /**
@@ -314,12 +338,18 @@ export const check = (events: Iterable<Event>): ReadonlyArray<Violation> => {
         const { at, holder, key, mode } = event
         const current = k.holds.get(holder)
         if (current === undefined) {
-          const previous = highestAnsweredBefore(k.answered, event.invokedAt ?? at)
+          const previous = fenceToBeat(k.answered, event)
           if (!(event.fence > previous)) {
             violations.push(Violation.FenceNotIncreasing({ at, key, holder, fence: event.fence, previous }))
           }
           const last = k.answered[k.answered.length - 1]
-          k.answered.push({ at, highest: Math.max(last?.highest ?? Number.NEGATIVE_INFINITY, event.fence) })
+          k.answered.push({
+            at,
+            time: event.time,
+            fence: event.fence,
+            exclusive: mode === "exclusive",
+            highest: Math.max(last?.highest ?? Number.NEGATIVE_INFINITY, event.fence)
+          })
           k.ended.delete(holder)
         } else if (current.fence !== event.fence) {
           violations.push(Violation.FenceChanged({ at, key, holder, fence: event.fence, expected: current.fence }))

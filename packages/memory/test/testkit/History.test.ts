@@ -54,6 +54,17 @@ describe("History.check", () => {
       assert.deepStrictEqual(tags(events), [])
     })
 
+    it("a late reply: a grant whose hold had expired before a conflicting grant was answered", () => {
+      const both = at()
+      const events = [
+        grant("b", 20, { invokedAt: both, time: 50, expiresAt: 80 }),
+        release("b", "exclusive", 60),
+        grant("a", 10, { invokedAt: both, time: 70, expiresAt: 40 })
+      ]
+      // accepted: "a" was granted first on the backend; its reply came after its lease had run out
+      assert.deepStrictEqual(tags(events), [])
+    })
+
     it("re-entry and a downgrade by the same holder, keeping the fence", () => {
       assert.deepStrictEqual(
         tags([
@@ -147,7 +158,24 @@ describe("History.check", () => {
       assert.deepStrictEqual(tags([first, grant("r2", 10, { mode: "shared", limit: Infinity, invokedAt: asked })]), [
         "FenceNotIncreasing"
       ])
+      // two exclusive acquisitions in flight together: the one answered second, after the first
+      // was released, held the key after it, and needs a higher fence
+      const both = at()
+      assert.deepStrictEqual(tags([grant("a", 20, { invokedAt: both }), release("a"), grant("b", 10, { invokedAt: both })]), [
+        "FenceNotIncreasing"
+      ])
+      // likewise a writer answered after a reader it could not have held alongside
+      const rw = at()
+      assert.deepStrictEqual(
+        tags([
+          grant("r", 20, { mode: "shared", limit: Infinity, invokedAt: rw }),
+          release("r", "shared"),
+          grant("w", 10, { invokedAt: rw })
+        ]),
+        ["FenceNotIncreasing"]
+      )
     })
+
 
     it("an overlap with a hold a renewal kept alive past its first expiry", () => {
       const events = [
