@@ -1,4 +1,4 @@
-import { assert, describe, it } from "@effect/vitest"
+import { assert, describe, it, vi } from "@effect/vitest"
 import { Duration, Effect, Either, FastCheck, Fiber, Layer, Option, TestClock } from "effect"
 import { Lock } from "@lockstep/core"
 import { LockBackend, subscriptionOf } from "@lockstep/core/LockBackend"
@@ -172,6 +172,40 @@ describe("awaitWakeUp", () => {
       yield* Effect.sleep(20)
       assert.strictEqual(registered(), 1)
       yield* Fiber.interrupt(waiting)
+      assert.strictEqual(registered(), 0)
+    }))
+
+  it.scopedLive("on the live clock: a wake-up clears the bound's timer", () =>
+    Effect.gen(function*() {
+      const { subscription, wakeAll } = fed()
+      const setSpy = vi.spyOn(globalThis, "setTimeout")
+      const clearSpy = vi.spyOn(globalThis, "clearTimeout")
+      yield* Effect.addFinalizer(() =>
+        Effect.sync(() => {
+          setSpy.mockRestore()
+          clearSpy.mockRestore()
+        })
+      )
+      const waiting = yield* Effect.fork(awaitWakeUp(subscription, 60_000))
+      yield* Effect.sleep(20)
+      const bound = setSpy.mock.calls.flatMap((call, i) => (call[1] === 60_000 ? [setSpy.mock.results[i]?.value] : []))
+      assert.strictEqual(bound.length, 1, "one timer for the bound")
+      wakeAll()
+      yield* Fiber.join(waiting)
+      assert.isTrue(clearSpy.mock.calls.some((call) => call[0] === bound[0]), "the bound's timer was left running after the wake-up")
+    }))
+
+  it.live("an uninterruptible wait still ends at a wake-up, and only then", () =>
+    Effect.gen(function*() {
+      const { registered, subscription, wakeAll } = fed()
+      const waiting = yield* Effect.fork(Effect.uninterruptible(awaitWakeUp(subscription, 60_000)))
+      yield* Effect.sleep(20)
+      yield* Fiber.interruptFork(waiting)
+      yield* Effect.sleep(20)
+      assert.isTrue(Option.isNone(yield* Fiber.poll(waiting)), "an uninterruptible wait was cut short")
+      assert.strictEqual(registered(), 1)
+      wakeAll()
+      yield* Fiber.await(waiting)
       assert.strictEqual(registered(), 0)
     }))
 
