@@ -6,7 +6,6 @@
  *
  * @since 0.1.0
  */
-import type { Duration } from "effect"
 import { Effect } from "effect"
 import * as handle from "./internal/handle.js"
 import type { Lock, Options as LockOptions } from "./Lock.js"
@@ -15,7 +14,8 @@ import type { LockBackend } from "./LockBackend.js"
 import type { InvalidLockOptions } from "./LockError.js"
 
 /**
- * Options of a fair lock.
+ * Options of a fair lock: `Lock.Options`, where `waiterTimeout` is also how long a queued waiter's
+ * entry lives without a heartbeat.
  *
  * @example
  * ```ts
@@ -27,10 +27,7 @@ import type { InvalidLockOptions } from "./LockError.js"
  * @since 0.1.0
  * @category models
  */
-export interface Options extends LockOptions {
-  /** How long a queued waiter's entry lives without a heartbeat. Default 5 seconds. */
-  readonly waiterTimeout?: Duration.DurationInput | undefined
-}
+export type Options = LockOptions
 
 /**
  * A fair (FIFO) re-entrant mutex on `key`.

@@ -87,7 +87,8 @@ export interface Options {
   readonly watchdog?: Duration.DurationInput | undefined
   /**
    * A waiter that hears nothing tries again after this long at the latest (a wake-up can be lost
-   * with a crashed waiter). Default 5 seconds.
+   * with a crashed waiter); a fair lock's queued waiter's entry lives this long without a
+   * heartbeat, so a crashed waiter holds its place no longer. Default 5 seconds.
    */
   readonly waiterTimeout?: Duration.DurationInput | undefined
   /**

@@ -164,13 +164,13 @@ export interface Step<A> {
  * ```ts
  * import type { Rules } from "@lockstep/core"
  *
- * const tag = (e: Rules.AcquireError) => e._tag
+ * const tag = (e: Rules.AcquireRefusal) => e._tag
  * ```
  *
  * @since 0.1.0
  * @category models
  */
-export type AcquireError = LockUpgradeNotSupported | InvalidLockOptions | NotHeld
+export type AcquireRefusal = LockUpgradeNotSupported | InvalidLockOptions | NotHeld
 
 /**
  * A key nobody has touched yet.
@@ -242,11 +242,101 @@ const hasEnded = (key: Key, id: string, now: number): boolean => isLive(key.ende
 
 const remember = (key: Key, id: string, until: number): Key => ({ ...key, ended: new Map(key.ended).set(id, until) })
 
+/**
+ * The fence a grant issues at `now` (milliseconds) on a key whose last fence is `last`: above
+ * every fence issued before, and never below the clock in microseconds, so that a key that forgot
+ * its last fence still issues a greater one.
+ *
+ * @example
+ * ```ts
+ * import { Rules } from "@lockstep/core"
+ *
+ * const fence = Rules.nextFence(0, 1_000) // 1_000_000
+ * ```
+ *
+ * @since 0.1.0
+ * @category fences
+ */
+export const nextFence = (last: number, now: number): number => Math.max(last + 1, Math.floor(now * 1000))
+
+/**
+ * Until when a key must remember `fence`, issued or raised at `now` for a lease of `leaseMs`, when
+ * it remembered its previous fence until `until`: for the lease, and until the clock has passed the
+ * fence (after that `nextFence` issues a greater one from the clock alone).
+ *
+ * @example
+ * ```ts
+ * import { Rules } from "@lockstep/core"
+ *
+ * const until = Rules.fenceRememberedUntil(0, 1_000_000, 1_000, 30_000) // 31_000
+ * ```
+ *
+ * @since 0.1.0
+ * @category fences
+ */
+export const fenceRememberedUntil = (until: number, fence: number, now: number, leaseMs: number): number =>
+  Math.max(until, now + leaseMs, fence / 1000 + 1)
+
 /** The key after issuing its next fence at `now` for a lease of `leaseMs`. */
 const issueFence = (key: Key, now: number, leaseMs: number): Key => {
-  const fence = Math.max(key.fence + 1, Math.floor(now * 1000))
-  return { ...key, fence, fenceUntil: Math.max(key.fenceUntil, now + leaseMs, fence / 1000 + 1) }
+  const fence = nextFence(key.fence, now)
+  return { ...key, fence, fenceUntil: fenceRememberedUntil(key.fenceUntil, fence, now, leaseMs) }
 }
+
+/**
+ * The refusal of a shared request whose `limit` differs from the one the key is held with
+ * (`undefined`: the holder named none).
+ *
+ * @example
+ * ```ts
+ * import { Rules } from "@lockstep/core"
+ *
+ * const error = Rules.limitMismatch("k", 3, 5)
+ * // error.reason: "\"k\" is held with limit 3, the request names limit 5"
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export const limitMismatch = (key: string, heldLimit: number | undefined, requestedLimit: number): InvalidLockOptions =>
+  new InvalidLockOptions({
+    field: "limit",
+    reason: `"${key}" is held with limit ${heldLimit ?? "unlimited"}, the request names limit ${requestedLimit}`
+  })
+
+/**
+ * The refusal of a shared request for more permits than its limit: it could never be granted.
+ *
+ * @example
+ * ```ts
+ * import { Rules } from "@lockstep/core"
+ *
+ * const error = Rules.permitsExceedLimit("k", 4, 3)
+ * // error.reason: "4 permits exceed the limit 3 of \"k\""
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export const permitsExceedLimit = (key: string, permits: number, limit: number): InvalidLockOptions =>
+  new InvalidLockOptions({ field: "permits", reason: `${permits} permits exceed the limit ${limit} of "${key}"` })
+
+/**
+ * The refusal of a latch call on a key that a lock holds.
+ *
+ * @example
+ * ```ts
+ * import { Rules } from "@lockstep/core"
+ *
+ * const error = Rules.notALatch("k")
+ * // error.field: "key"
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export const notALatch = (key: string): InvalidLockOptions =>
+  new InvalidLockOptions({ field: "key", reason: `"${key}" is held by a lock, not a latch` })
 
 /**
  * The live state of a key at `now`: expired holders and queue entries dropped.
@@ -329,31 +419,20 @@ export const acquire = (
   state: State,
   request: AcquireRequest,
   now: number
-): Step<Either.Either<AcquireResult, AcquireError>> => {
+): Step<Either.Either<AcquireResult, AcquireRefusal>> => {
   const key = liveKey(state, request.key, now)
   const { holder, mode } = request
-  const done = (next: Key, result: Either.Either<AcquireResult, AcquireError>) => ({
+  const done = (next: Key, result: Either.Either<AcquireResult, AcquireRefusal>) => ({
     state: setKey(state, request.key, next),
     result
   })
 
   if (mode === "shared" && key.limit !== undefined && key.limit !== request.limit) {
-    return done(
-      key,
-      Either.left(
-        new InvalidLockOptions({
-          field: "limit",
-          reason: `"${request.key}" is held with limit ${key.limit}, the request names ${request.limit}`
-        })
-      )
-    )
+    return done(key, Either.left(limitMismatch(request.key, key.limit, request.limit)))
   }
 
   if (mode === "shared" && request.permits > request.limit) {
-    return done(
-      key,
-      Either.left(new InvalidLockOptions({ field: "permits", reason: `${request.permits} permits exceed the limit ${request.limit}` }))
-    )
+    return done(key, Either.left(permitsExceedLimit(request.key, request.permits, request.limit)))
   }
 
   const hold = findHold(key, holder)
@@ -657,7 +736,7 @@ export const forceRelease = (state: State, request: ForceReleaseRequest, now: nu
 export const raiseFence = (state: State, request: RaiseFenceRequest, now: number): Step<void> => {
   const live = liveKey(state, request.key, now)
   if (request.fence <= live.fence) return { state: setKey(state, request.key, live), result: undefined }
-  const raised = { ...live, fence: request.fence, fenceUntil: Math.max(live.fenceUntil, now + request.leaseMs, request.fence / 1000 + 1) }
+  const raised = { ...live, fence: request.fence, fenceUntil: fenceRememberedUntil(live.fenceUntil, request.fence, now, request.leaseMs) }
   return { state: setKey(state, request.key, raised), result: undefined }
 }
 
@@ -732,7 +811,7 @@ const onLatch = <A>(
   f: (latch: Latch) => readonly [Latch, A]
 ): Step<Either.Either<A, InvalidLockOptions>> => {
   if (liveKey(state, key, now).holders.length > 0) {
-    return { state, result: Either.left(new InvalidLockOptions({ field: "key", reason: `"${key}" is held by a lock, not a latch` })) }
+    return { state, result: Either.left(notALatch(key)) }
   }
   const [next, result] = f(liveLatch(state, key, now))
   return { state: setLatch(state, key, next), result: Either.right(result) }

@@ -37,7 +37,7 @@ const acquireAll = (
   steps: ReadonlyArray<readonly [AcquireRequest, number]>,
   state: Model.State = Model.empty
 ) => {
-  const results: Array<Either.Either<AcquireResult, Model.AcquireError>> = []
+  const results: Array<Either.Either<AcquireResult, Model.AcquireRefusal>> = []
   for (const [req, now] of steps) {
     const step = Model.acquire(state, withCount(state, req, now), now)
     state = step.state
@@ -568,7 +568,7 @@ describe("Model", () => {
       it("fences increase strictly across holders and are never below the clock in microseconds", () => {
         const m = run(Model.empty)
         const fences: Array<number> = []
-        const fenceOf = (result: Either.Either<AcquireResult, Model.AcquireError>) => {
+        const fenceOf = (result: Either.Either<AcquireResult, Model.AcquireRefusal>) => {
           assert.isTrue(Either.isRight(result) && result.right._tag === "Granted")
           return Either.isRight(result) && result.right._tag === "Granted" ? result.right.fence : NaN
         }
@@ -693,7 +693,7 @@ describe("Model: latches", () => {
 
   it("refuses latch calls on a key a lock holds", () => {
     const { state } = acquireAll([[request("a", { key: "l" }), 0]])
-    const results: ReadonlyArray<Either.Either<unknown, Model.AcquireError>> = [
+    const results: ReadonlyArray<Either.Either<unknown, Model.AcquireRefusal>> = [
       Model.latchSetCount(state, { key: "l", id: "s", count: 1 }, 1).result,
       Model.latchCountDown(state, { key: "l", id: "d" }, 1).result,
       Model.latchCount(state, "l", 1).result

@@ -3,6 +3,7 @@ import { Clock, Context, Effect, Either, Exit } from "effect"
 import { constVoid } from "effect/Function"
 import * as LockBackend from "@lockstep/core/LockBackend"
 import * as LockError from "@lockstep/core/LockError"
+import * as Rules from "@lockstep/core/Rules"
 import { makeRemembered, type Remembered } from "./remembered.js"
 
 /** One holder's holds on a key. A holder may hold both modes at once (after a downgrade). */
@@ -29,13 +30,14 @@ interface KeyData {
   limit: number | undefined
   queue: Array<Waiter>
   /**
-   * Holders that ended (and `force|<0|1>|<id>` for applied forced releases and their answer), until
-   * a time each: late copies of their operations change nothing and answer as the first did.
+   * Holders that ended (and `Rules.forceReleaseIds` of applied forced releases), until a time each:
+   * late copies of their operations change nothing and answer as the first did.
    */
   readonly ended: Remembered
   /**
-   * Holders whose release was answered NotHeld, until a time each; made when the first is (rare:
-   * every acquisition of a new holder would otherwise look for it in a second table).
+   * Holders whose release was answered NotHeld (`Rules.endedUnheld`'s entries, kept apart under the
+   * holder's own id), until a time each; made when the first is (rare: every acquisition of a new
+   * holder would otherwise look for it in a second table).
    */
   notHeld: Remembered | undefined
   /** The last fence issued, and until when it must be remembered (0 once it may be forgotten). */
@@ -189,8 +191,8 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
    * from the clock and still issues a greater one.
    */
   const nextFence = (data: KeyData, now: number, leaseMs: number): number => {
-    data.fence = Math.max(data.fence + 1, Math.floor(now * 1000))
-    data.fenceUntil = Math.max(data.fenceUntil, now + leaseMs, data.fence / 1000 + 1)
+    data.fence = Rules.nextFence(data.fence, now)
+    data.fenceUntil = Rules.fenceRememberedUntil(data.fenceUntil, data.fence, now, leaseMs)
     return data.fence
   }
 
@@ -203,9 +205,6 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     data.notHeld ??= makeRemembered()
     data.notHeld.set(holder, until)
   }
-  /** The entry of an applied forced release, with its answer. */
-  const forcedId = (id: string, held: boolean) => `force|${held ? 1 : 0}|${id}`
-
   /** Remembers that `id` ended, so late copies of its operations change nothing. */
   const remember = (data: KeyData, id: string, until: number): void => {
     data.ended.set(id, until)
@@ -321,17 +320,11 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
     const data = keys.get(key)
     if (mode === "shared") {
       if (data?.limit !== undefined && data.limit !== limit) {
-        return new LockError.InvalidLockOptions({
-          field: "limit",
-          reason: `"${key}" is held with limit ${data.limit}, the request names limit ${limit}`
-        })
+        return Rules.limitMismatch(key, data.limit, limit)
       }
       if (permits > limit) {
         // Could never be granted: report it instead of letting the caller wait forever.
-        return new LockError.InvalidLockOptions({
-          field: "permits",
-          reason: `${permits} permits exceed the limit ${limit} of "${key}"`
-        })
+        return Rules.permitsExceedLimit(key, permits, limit)
       }
     }
     const own = data?.holders.get(holder)
@@ -477,7 +470,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       const data = keyData(key)
       if (fence > data.fence) {
         data.fence = fence
-        data.fenceUntil = Math.max(data.fenceUntil, now + leaseMs, fence / 1000 + 1)
+        data.fenceUntil = Rules.fenceRememberedUntil(data.fenceUntil, fence, now, leaseMs)
       }
       return Effect.void
     })
@@ -487,8 +480,9 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       const dropped = prune(key, now)
       const data = keys.get(key)
       // a copy answers as the first delivery did (after waking whoever an expiry let in)
-      for (const answer of [true, false]) {
-        if (hasEnded(data, forcedId(id, answer), now)) {
+      const [whenHeld, whenFree] = Rules.forceReleaseIds({ id, key })
+      for (const [applied, answer] of [[whenHeld, true], [whenFree, false]] as const) {
+        if (hasEnded(data, applied, now)) {
           if (dropped) wake(key)
           tidy(key, now)
           return Effect.succeed(answer)
@@ -499,7 +493,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
       // the dropped holders' late copies must not re-enter: remember them until they would have expired
       for (const [holder, hold] of target.holders) remember(target, holder, hold.expiresAt)
       target.holders.clear()
-      remember(target, forcedId(id, held), now + LockBackend.forceReleaseMemoryMs)
+      remember(target, held ? whenHeld : whenFree, now + LockBackend.forceReleaseMemoryMs)
       if (dropped || held) wake(key)
       tidy(key, now)
       return Effect.succeed(held)
@@ -613,7 +607,7 @@ export const unsafeMake = (clientId: string): MemoryBackendInternal => {
   const heldByLock = (key: string, now: number): LockError.InvalidLockOptions | undefined => {
     for (const hold of keys.get(key)?.holders.values() ?? []) {
       if (hold.expiresAt > now) {
-        return new LockError.InvalidLockOptions({ field: "key", reason: `"${key}" is held by a lock, not a latch` })
+        return Rules.notALatch(key)
       }
     }
     return undefined

@@ -2,6 +2,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Either, FastCheck as fc, Layer, TestClock } from "effect"
 import type { Service } from "@lockstep/core/LockBackend"
 import { LockBackend } from "@lockstep/core/LockBackend"
+import { InvalidLockOptions } from "@lockstep/core/LockError"
 import { MemoryBackend } from "@lockstep/memory"
 import * as FaultyBackend from "@lockstep/testkit/FaultyBackend"
 import * as ModelCheck from "@lockstep/testkit/ModelCheck"
@@ -105,6 +106,25 @@ describe("ModelCheck", () => {
         const error = yield* Effect.flip(ModelCheck.run({ ...options, numRuns: 50 }))
         assert.include(error.actual, "BackendError")
       }).pipe(Effect.provide(FaultyBackend.failingLayer({ operation: "renew", when: 0.5 })(ModelBackend.layer))))
+
+    it.effect("compares the reasons of refusals, not only their tags", () =>
+      Effect.gen(function*() {
+        const error = yield* Effect.flip(ModelCheck.execute([
+          C.Acquire({ key: 0, holder: 0, mode: "shared", permits: 1, limit: 2, leaseMs: 20, fair: false, waiterTtlMs: 10 }),
+          C.Acquire({ key: 0, holder: 1, mode: "shared", permits: 1, limit: 3, leaseMs: 20, fair: false, waiterTtlMs: 10 })
+        ], options))
+        assert.strictEqual(error.step, 1)
+        assert.include(error.expected, "InvalidLockOptions(limit: ")
+        assert.include(error.actual, "InvalidLockOptions(limit: reworded)")
+      }).pipe(Effect.provide(Layer.effect(
+        LockBackend,
+        Effect.map(LockBackend, (backend): Service => ({
+          ...backend,
+          acquire: (request) =>
+            Effect.mapError(backend.acquire(request), (e) =>
+              e._tag === "InvalidLockOptions" ? new InvalidLockOptions({ field: e.field, reason: "reworded" }) : e)
+        }))
+      ).pipe(Layer.provide(ModelBackend.layer)))))
 
     it.effect("execute compares every step, including inspected state", () =>
       Effect.gen(function*() {

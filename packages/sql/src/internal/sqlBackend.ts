@@ -7,20 +7,11 @@ import type { SqlClient } from "@effect/sql/SqlClient"
 import type { Connection } from "@effect/sql/SqlConnection"
 import * as Dialect from "./dialect.js"
 import { decode, type Document, emptyDocument, encode, expiresAt } from "./document.js"
+import type { Options } from "../SqlBackend.js"
 import { describe, ofClient } from "./endpoint.js"
 
-export interface Tuning {
-  readonly commandTimeout?: Duration.DurationInput | undefined
-  readonly renewBatchSize?: number | undefined
-  readonly pollInterval?: Duration.DurationInput | undefined
-  readonly sweepInterval?: Duration.DurationInput | undefined
-}
-
-export interface Settings extends Tuning {
-  readonly schema?: string | undefined
-  readonly table?: string | undefined
-  readonly createSchema?: boolean | undefined
-}
+/** The public options, imported (not copied) so that a new one cannot be silently ignored here. */
+type Settings = Options
 
 /** The ended holders of `key` an operation asks about (`ids`) and may add to (see `Rules`). */
 interface Remembered {

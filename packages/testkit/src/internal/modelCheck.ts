@@ -146,10 +146,12 @@ export const renderCommand = (command: Command): string =>
     Replay: (c) => `replay #${c.pick}`
   })
 
-const renderError = (error: { readonly _tag: string; readonly message: string; readonly field?: string }): string => {
+const renderError = (
+  error: { readonly _tag: string; readonly message: string; readonly field?: string; readonly reason?: string }
+): string => {
   switch (error._tag) {
     case "InvalidLockOptions":
-      return `InvalidLockOptions(${error.field ?? "?"})`
+      return `InvalidLockOptions(${error.field ?? "?"}: ${error.reason ?? "?"})`
     case "BackendError":
       return `BackendError(${error.message})`
     default:
