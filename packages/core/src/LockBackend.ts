@@ -47,7 +47,8 @@
  * @since 0.1.0
  */
 import type { Either, Scope } from "effect"
-import { Context, Effect } from "effect"
+import { Context, Effect, Layer } from "effect"
+import { dual } from "effect/Function"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "./LockError.js"
 
 /**
@@ -536,6 +537,91 @@ export interface Service {
  * @category tags
  */
 export class LockBackend extends Context.Tag("@lockstep/core/LockBackend")<LockBackend, Service>() {}
+
+/**
+ * The identifier of a backend provided under a name of its own (`tag`), beside or instead of the
+ * `LockBackend` one: one type per name.
+ *
+ * @example
+ * ```ts
+ * import type { Effect } from "effect"
+ * import type { LockBackend } from "@lockstep/core"
+ *
+ * type NeedsOrders = Effect.Effect<void, never, LockBackend.Named<"app/OrderLocks">>
+ * ```
+ *
+ * @since 0.1.0
+ * @category tags
+ */
+export interface Named<Name extends string> {
+  readonly name: Name
+}
+
+/**
+ * A tag for a backend of its own, for programs that lock on several backends at once (a
+ * `MultiLock` across two Redis deployments, a lock on Redis beside a latch in SQL). Provide it
+ * with `layerAs` and make handles on it with `using`.
+ *
+ * @example
+ * ```ts
+ * import { LockBackend } from "@lockstep/core"
+ *
+ * const OrderLocks = LockBackend.tag("app/OrderLocks")
+ * ```
+ *
+ * @since 0.1.0
+ * @category tags
+ */
+export const tag = <const Name extends string>(name: Name): Context.Tag<Named<Name>, Service> =>
+  Context.GenericTag<Named<Name>, Service>(name)
+
+/**
+ * Provides a backend layer under `tag` instead of `LockBackend`.
+ *
+ * @example
+ * ```ts
+ * import { LockBackend } from "@lockstep/core"
+ * import { MemoryBackend } from "@lockstep/memory"
+ *
+ * const OrderLocks = LockBackend.tag("app/OrderLocks")
+ * const OrderLocksLive = MemoryBackend.layer.pipe(LockBackend.layerAs(OrderLocks))
+ * ```
+ *
+ * @since 0.1.0
+ * @category layers
+ */
+export const layerAs: {
+  <I>(tag: Context.Tag<I, Service>): <E, R>(backend: Layer.Layer<LockBackend, E, R>) => Layer.Layer<I, E, R>
+  <I, E, R>(backend: Layer.Layer<LockBackend, E, R>, tag: Context.Tag<I, Service>): Layer.Layer<I, E, R>
+} = dual(
+  2,
+  <I, E, R>(backend: Layer.Layer<LockBackend, E, R>, tag: Context.Tag<I, Service>): Layer.Layer<I, E, R> =>
+    Layer.provide(Layer.effect(tag, LockBackend), backend)
+)
+
+/**
+ * Runs `effect` (typically a handle's `make`) on the backend provided under `tag`: the handles it
+ * makes lock there.
+ *
+ * @example
+ * ```ts
+ * import { Lock, LockBackend } from "@lockstep/core"
+ *
+ * const OrderLocks = LockBackend.tag("app/OrderLocks")
+ * const order = Lock.make("order:42").pipe(LockBackend.using(OrderLocks))
+ * ```
+ *
+ * @since 0.1.0
+ * @category combinators
+ */
+export const using: {
+  <I>(tag: Context.Tag<I, Service>): <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, Exclude<R, LockBackend> | I>
+  <A, E, R, I>(effect: Effect.Effect<A, E, R>, tag: Context.Tag<I, Service>): Effect.Effect<A, E, Exclude<R, LockBackend> | I>
+} = dual(
+  2,
+  <A, E, R, I>(effect: Effect.Effect<A, E, R>, tag: Context.Tag<I, Service>): Effect.Effect<A, E, Exclude<R, LockBackend> | I> =>
+    Effect.provideServiceEffect(effect, LockBackend, tag)
+)
 
 /**
  * How long a backend remembers the id of a `forceRelease` it applied, so that a second delivery
