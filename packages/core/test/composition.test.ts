@@ -1,6 +1,6 @@
 import { assert, describe, expectTypeOf, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
-import type { LockError} from "@lockstep/core";
+import type { LockError } from "@lockstep/core"
 import { Lock, LockBackend, MultiLock } from "@lockstep/core"
 import { MemoryBackend } from "@lockstep/memory"
 
