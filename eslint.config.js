@@ -1,7 +1,7 @@
 import tseslint from "typescript-eslint"
 
 export default tseslint.config(
-  { ignores: ["**/node_modules/**", "**/dist/**", "bench/.build/**", "eslint.config.js", "readme-examples/**", "scripts/**"] },
+  { ignores: ["**/node_modules/**", "**/dist/**", "bench/.build/**", "eslint.config.js", "readme-examples/**", "jsdoc-examples/**", "scripts/**"] },
   ...tseslint.configs.recommended,
   {
     languageOptions: {

@@ -145,7 +145,7 @@ export interface State {
  * ```ts
  * import { Rules } from "@lockstep/core"
  *
- * const step: Rules.Step<boolean> = Rules.forceRelease(Rules.empty, "k", 0)
+ * const step: Rules.Step<boolean> = Rules.forceRelease(Rules.empty, { key: "k", id: "op-1" }, 0)
  * console.log(step.result) // false
  * ```
  *

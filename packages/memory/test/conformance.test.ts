@@ -1,40 +1,4 @@
-import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer, TestClock } from "effect"
-import { Lock, RedLock } from "@lockstep/core"
-import { LockBackend } from "@lockstep/core/LockBackend"
 import { MemoryBackend } from "@lockstep/memory"
-import { FaultyBackend, History, ModelCheck } from "@lockstep/testkit"
 import * as Conformance from "@lockstep/testkit/Conformance"
 
 Conformance.suite({ name: "memory", layer: MemoryBackend.layer, clock: "test" })
-
-describe("the conformance checks catch a backend that grants an exclusive lock twice", () => {
-  it.effect("the model-based test fails", () =>
-    Effect.gen(function*() {
-      const error = yield* Effect.flip(ModelCheck.run({ advance: (ms) => TestClock.adjust(ms), numRuns: 200 }))
-      assert.strictEqual(error._tag, "ModelMismatch")
-    }).pipe(Effect.provide(FaultyBackend.grantTwiceLayer(MemoryBackend.layer))))
-
-  it.effect("the history checker reports the overlap of 60 contending fibers", () =>
-    Effect.gen(function*() {
-      const history = yield* History.make
-      const backend = Layer.effect(LockBackend, Effect.map(LockBackend, (service) => History.instrument(history, service)))
-        .pipe(Layer.provide(FaultyBackend.grantTwiceLayer(MemoryBackend.layer)))
-      yield* Effect.gen(function*() {
-        const lock = yield* Lock.make("broken")
-        yield* Effect.forEach(Array.from({ length: 60 }), () => Effect.yieldNow().pipe(Lock.withLock(lock)), {
-          concurrency: "unbounded",
-          discard: true
-        })
-      }).pipe(Effect.provide(backend))
-      const violations = yield* history.check
-      assert.isTrue(violations.some((v) => v._tag === "Overlap"), violations.map(History.formatViolation).join("\n"))
-    }))
-})
-
-Conformance.suite({
-  name: "RedLock over three memory backends",
-  layer: Layer.orDie(RedLock.layer([MemoryBackend.layer, MemoryBackend.layer, MemoryBackend.layer])),
-  clock: "live",
-  kinds: "exclusive"
-})

@@ -8,7 +8,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { FairLock, Lock } from "@lockstep/core"
 import { RedisServer } from "@lockstep/testkit"
-import { runChild } from "../../memory/test/fixtures/exitScenarios.js"
+import { runChild } from "../../core/test/fixtures/exitScenarios.js"
 import { backendOn, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis process exit suite (exit.test.ts)")

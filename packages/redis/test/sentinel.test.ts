@@ -25,7 +25,7 @@ import type { Service } from "@lockstep/core/LockBackend"
 import { BackendError } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
 import { History, RedisSentinel } from "@lockstep/testkit"
-import { runChild } from "../../memory/test/fixtures/exitScenarios.js"
+import { runChild } from "../../core/test/fixtures/exitScenarios.js"
 import { sentinelOptions } from "../src/internal/connection.js"
 import { eventually, nowMs, runnable, trapRejections, typedFailure, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 

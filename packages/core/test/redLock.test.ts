@@ -1,6 +1,7 @@
 /**
- * RedLock over memory nodes that answer slowly: an interruption at any point of an acquisition
- * whose node calls are in flight leaves nothing held on any node.
+ * RedLock over memory nodes: it passes the conformance suite (exclusive kinds) over three of
+ * them; and when they answer slowly, an interruption at any point of an acquisition whose node
+ * calls are in flight leaves nothing held on any node.
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect, Fiber, Layer } from "effect"
@@ -8,6 +9,7 @@ import { Lock, RedLock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import type { Service } from "@lockstep/core/LockBackend"
 import { MemoryBackend } from "@lockstep/memory"
+import * as Conformance from "@lockstep/testkit/Conformance"
 
 describe("RedLock over memory nodes", () => {
   it.scopedLive("an interruption while node calls are in flight leaves nothing held on any node", () =>
@@ -27,4 +29,11 @@ describe("RedLock over memory nodes", () => {
       }
       assert.deepStrictEqual(left, left.map(() => [0, 0, 0]))
     }))
+})
+
+Conformance.suite({
+  name: "RedLock over three memory backends",
+  layer: Layer.orDie(RedLock.layer([MemoryBackend.layer, MemoryBackend.layer, MemoryBackend.layer])),
+  clock: "live",
+  kinds: "exclusive"
 })
