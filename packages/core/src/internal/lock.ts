@@ -24,7 +24,9 @@ import type { AcquireRequest, AcquireResult, HoldMode, Service } from "../LockBa
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported } from "../LockError.js"
 import { isBackendClosed, LockLost, LockTimeout, SelfDeadlock } from "../LockError.js"
 import type { Entry, Keeper } from "./keeper.js"
-import { awaitWakeUp, driftMs, keeperOf, monotonicMillis } from "./keeper.js"
+import { keeperOf } from "./keeper.js"
+import { driftMs, monotonicMillis } from "./time.js"
+import { awaitWakeUp } from "./wakeUp.js"
 import type { HandleLabels, Outcome } from "./metrics.js"
 import * as metrics from "./metrics.js"
 

@@ -2,7 +2,7 @@ import { Duration, Effect, ExecutionStrategy, Exit, Option, Scope } from "effect
 import type { Lease, LeaseState } from "../Lease.js"
 import type { LockLost } from "../LockError.js"
 import { InvalidLockOptions, LockTimeout } from "../LockError.js"
-import { monotonicMillis } from "./keeper.js"
+import { monotonicMillis } from "./time.js"
 import type { AttemptError, LockSpec, Retry } from "./lock.js"
 import * as internal from "./lock.js"
 
