@@ -1,3 +1,4 @@
+/** How a waiter sleeps between two looks at the backend. */
 import { Effect } from "effect"
 import type { Subscription } from "../LockBackend.js"
 import { liveClock, maxSleepMs } from "./time.js"
