@@ -27,7 +27,7 @@ import type { LockBackend } from "./LockBackend.js"
 import type { AcquireError, BackendError, InvalidLockOptions, LockLost } from "./LockError.js"
 import type { Lease } from "./Lease.js"
 import * as handle from "./internal/handle.js"
-import type { Body, LockSpec } from "./internal/lock.js"
+import type { Body, LockSpec } from "./internal/spec.js"
 
 /**
  * @since 0.1.0

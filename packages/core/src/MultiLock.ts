@@ -27,7 +27,7 @@ import type { Lock } from "./Lock.js"
 import { isBody, specOf } from "./Lock.js"
 import type { AcquireError, BackendError, InvalidLockOptions, LockLost } from "./LockError.js"
 import * as handle from "./internal/handle.js"
-import type { LockSpec } from "./internal/lock.js"
+import type { LockSpec } from "./internal/spec.js"
 import * as internal from "./internal/multiLock.js"
 
 /**

@@ -4,8 +4,9 @@ import { Lock } from "@lockstep/core"
 import { LockBackend, subscriptionOf } from "@lockstep/core/LockBackend"
 import type { RenewRequest, Service } from "@lockstep/core/LockBackend"
 import { MemoryBackend } from "@lockstep/memory"
+import { Heap } from "../src/internal/heap.js"
 import type { Entry } from "../src/internal/keeper.js"
-import { awaitWakeUp, Heap } from "../src/internal/keeper.js"
+import { awaitWakeUp } from "../src/internal/wakeUp.js"
 
 const entry = (): Entry => ({
   key: "k",

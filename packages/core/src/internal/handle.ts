@@ -5,36 +5,24 @@ import { LockBackend } from "../LockBackend.js"
 import type { HolderState } from "../LockBackend.js"
 import type { BackendError, LockLost, LockTimeout } from "../LockError.js"
 import { InvalidLockOptions } from "../LockError.js"
-import type { AttemptError, Body, LockKind, LockSpec, Retry } from "./lock.js"
-import * as internal from "./lock.js"
+import type { AcquireOptions, Options, TryAcquireOptions } from "../Lock.js"
+import type { AttemptError } from "./acquisition.js"
+import { scopedLease } from "./acquisition.js"
+import { runUnderLease, runUnderLeaseIfGranted } from "./criticalSection.js"
+import * as fiberHolds from "./fiberHolds.js"
 import { handleLabels } from "./metrics.js"
 import * as validate from "./options.js"
+import type { Body, LockKind, LockSpec } from "./spec.js"
+import { defaultWaiterTtlMs, defaultWatchdogMs } from "./spec.js"
 
-/** Options shared by every kind's `make`. */
-export interface SpecOptions {
-  readonly lease?: Duration.DurationInput | undefined
-  readonly watchdog?: Duration.DurationInput | undefined
-  readonly waiterTimeout?: Duration.DurationInput | undefined
-  readonly name?: string | undefined
-}
-
-/** Options of one waiting acquisition. */
-export interface WaitOptions {
-  readonly timeout?: Duration.DurationInput | undefined
-  readonly retry?: Retry
-}
-
-/** Options of an acquisition that gives up rather than wait (long). */
-export interface TryOptions {
-  readonly wait?: Duration.DurationInput | undefined
-  readonly retry?: Retry
-}
+// the options are the public types (every kind's options extend them), not copies: an option
+// added there is in these functions' types at once
 
 /** Validates a handle's options and captures the backend, before any backend call. */
 export const makeSpec = (
   kind: LockKind,
   key: string,
-  options: SpecOptions | undefined,
+  options: Options | undefined,
   shape: { readonly mode: LockSpec["mode"]; readonly limit: number; readonly fair: boolean }
 ): Effect.Effect<LockSpec, InvalidLockOptions, LockBackend> =>
   Effect.gen(function*() {
@@ -47,9 +35,9 @@ export const makeSpec = (
     }
     const leaseMs = yield* validate.optionalMillis("lease", options?.lease, { minMillis: validate.minLeaseMillis })
     const watchdogMs = (yield* validate.optionalMillis("watchdog", options?.watchdog, { minMillis: validate.minLeaseMillis })) ??
-      internal.defaultWatchdogMs
+      defaultWatchdogMs
     const waiterTtlMs = (yield* validate.optionalMillis("waiterTimeout", options?.waiterTimeout)) ??
-      internal.defaultWaiterTtlMs
+      defaultWaiterTtlMs
     const name = yield* validate.name(options?.name)
     const backend = yield* LockBackend
     const refused = shape.fair ? backend.unsupported?.fair : shape.mode === "shared" ? backend.unsupported?.shared : undefined
@@ -83,10 +71,10 @@ export const timeoutMillis = (timeout: Duration.DurationInput | undefined): Effe
 export const acquire = (
   spec: LockSpec,
   permits: number,
-  options: WaitOptions | undefined
+  options: AcquireOptions | undefined
 ): Effect.Effect<Lease, AttemptError | LockTimeout, Scope.Scope> =>
   Effect.flatMap(timeoutMillis(options?.timeout), (ms) =>
-    Effect.flatMap(internal.acquire(spec, permits, ms, options?.retry), (lease) =>
+    Effect.flatMap(scopedLease(spec, permits, ms, options?.retry), (lease) =>
       Option.isSome(lease)
         ? Effect.succeed(lease.value)
         // only a zero timeout ends without a grant or a LockTimeout, and it is refused above
@@ -100,10 +88,10 @@ export const waitMillis = (wait: Duration.DurationInput | undefined): Effect.Eff
 export const tryAcquire = (
   spec: LockSpec,
   permits: number,
-  options: TryOptions | undefined
+  options: TryAcquireOptions | undefined
 ): Effect.Effect<Option.Option<Lease>, AttemptError, Scope.Scope> =>
   Effect.flatMap(waitMillis(options?.wait), (ms) =>
-    Effect.catchTag(internal.acquire(spec, permits, ms, options?.retry), "LockTimeout", () => Effect.succeedNone))
+    Effect.catchTag(scopedLease(spec, permits, ms, options?.retry), "LockTimeout", () => Effect.succeedNone))
 
 /**
  * Runs `body` while holding a lease: the body's own scoped resources close before the release,
@@ -113,23 +101,23 @@ export const withLease = <A, E, R>(
   body: Body<A, E, R>,
   spec: LockSpec,
   permits: number,
-  options: WaitOptions | undefined
+  options: AcquireOptions | undefined
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
   options?.timeout === undefined
-    ? internal.withLease(body, spec, permits, undefined, options?.retry)
-    : Effect.flatMap(timeoutMillis(options.timeout), (ms) => internal.withLease(body, spec, permits, ms, options.retry))
+    ? runUnderLease(body, spec, permits, undefined, options?.retry)
+    : Effect.flatMap(timeoutMillis(options.timeout), (ms) => runUnderLease(body, spec, permits, ms, options.retry))
 
 /** Runs `body` under a lease if one is granted at once (or within `wait`): `Some` of its result, else `None`. */
 export const withLeaseIfAvailable = <A, E, R>(
   body: Body<A, E, R>,
   spec: LockSpec,
   permits: number,
-  options: TryOptions | undefined
+  options: TryAcquireOptions | undefined
 ): Effect.Effect<Option.Option<A>, E | AttemptError | LockLost, Exclude<R, Scope.Scope>> =>
-  Effect.flatMap(waitMillis(options?.wait), (ms) => internal.withLeaseIfGranted(body, spec, permits, ms, options?.retry))
+  Effect.flatMap(waitMillis(options?.wait), (ms) => runUnderLeaseIfGranted(body, spec, permits, ms, options?.retry))
 
 /** Whether the current fiber holds the handle, from its own records. */
-export const isHeldByCurrentFiber = (spec: LockSpec): Effect.Effect<boolean> => internal.isHeldByCurrentFiber(spec)
+export const isHeldByCurrentFiber = (spec: LockSpec): Effect.Effect<boolean> => fiberHolds.isHeldByCurrentFiber(spec)
 
 /** The longest remaining time-to-live among the handle's holders. */
 export const remainingTtl = (spec: LockSpec): Effect.Effect<Option.Option<Duration.Duration>, BackendError> =>
@@ -138,7 +126,7 @@ export const remainingTtl = (spec: LockSpec): Effect.Effect<Option.Option<Durati
 
 /** How many times the current fiber holds the handle (0 when it does not). */
 export const holdCount = (spec: LockSpec): Effect.Effect<number, BackendError> =>
-  Effect.flatMap(internal.currentHolder(spec), (holder) =>
+  Effect.flatMap(fiberHolds.currentHolder(spec), (holder) =>
     Option.isNone(holder)
       ? Effect.succeed(0)
       : Effect.map(spec.backend.inspect(spec.key), (state) => {

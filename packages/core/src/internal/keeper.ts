@@ -4,13 +4,16 @@
  * a heap, not a fiber; the keeper's fiber runs only while it has entries (started by the first,
  * ended after the last), on the clock of the fiber that started it (so TestClock drives it).
  */
-import { Clock, Context, DefaultServices, Duration, Effect, Either, FiberId, GlobalValue } from "effect"
+import { Duration, Effect, Either, FiberId, GlobalValue } from "effect"
 import type { Fiber } from "effect"
-import type { Service, Subscription } from "../LockBackend.js"
+import type { Service } from "../LockBackend.js"
+import type { HeapItem } from "./heap.js"
+import { Heap } from "./heap.js"
 import { recordRenewals } from "./metrics.js"
+import { driftMs, liveClock, maxSleepMs, monotonicMillis } from "./time.js"
 
 /** A hold as the keeper sees it. All times are monotonic milliseconds. */
-export interface Entry {
+export interface Entry extends HeapItem {
   readonly key: string
   readonly holder: string
   /** The watchdog period, or `undefined` for a fixed lease (never renewed). */
@@ -25,66 +28,8 @@ export interface Entry {
   renewing: boolean
   /** Set once the keeper must forget the hold (released or lost). */
   done: boolean
-  /** When the keeper looks at it next, and where it sits in the keeper's heap (-1: not there). */
-  at: number
-  index: number
   /** Called once, from the keeper, when the deadline passes or a renewal says the hold is gone. */
   readonly onLost: (reason: "DeadlinePassed" | "NotHeld") => Effect.Effect<void>
-}
-
-/** Monotonic milliseconds from Effect's Clock (hrtime-based live, driven by TestClock in tests). */
-export const monotonicMillis = Effect.map(Clock.currentTimeNanos, (nanos) => Number(nanos) / 1_000_000)
-
-/**
- * Time given away on every local deadline: the backend's clock may run faster than ours, and a
- * timer may fire late. 1% of the lease plus 5 ms, as Redisson's RedLock allows for clock drift.
- */
-export const driftMs = (leaseMs: number) => Math.floor(leaseMs / 100) + 5
-
-/** The live clock: timers of our own run only on it (a TestClock drives the others). */
-const liveClock = Context.get(DefaultServices.liveServices, Clock.Clock)
-
-/** Longest single sleep: Effect's clock never fires a timer set further out than 2^31 - 1 ms. */
-export const maxSleepMs = 2 ** 31 - 1
-
-/**
- * Waits for the subscription's next wake-up, or at most the least of `bounds` (ms; at least 1,
- * at most `maxSleepMs`): what every waiter does between two looks at the backend. Interruptible
- * as the caller's region is. Where it races two fibers (a subscription without a callback, or a
- * clock other than the live one), both sides are interruptible whatever that region is: the race
- * ends only once the loser is interrupted, and an uninterruptible sleep would hold a woken waiter
- * until the bound.
- */
-export const awaitWakeUp = (subscription: Subscription, ...bounds: ReadonlyArray<number>): Effect.Effect<void> => {
-  const ms = Math.max(1, Math.ceil(Math.min(...bounds, maxSleepMs)))
-  const onWake = subscription.unsafeOnWake
-  return Effect.clockWith((clock) =>
-    onWake === undefined || clock !== liveClock
-      ? Effect.raceFirst(Effect.interruptible(subscription.await), Effect.interruptible(Effect.sleep(ms)))
-      // on the live clock, a callback and a timer of our own: a race would fork a fiber for each
-      // side (every waiter's every wake-up)
-      : Effect.async<void>((resume) => {
-        // the callback may run at once (a wake-up was pending), before the timer exists
-        const wait: { done: boolean; timer?: ReturnType<typeof setTimeout> } = { done: false }
-        const unregister = onWake((resumed) => {
-          if (wait.done) return
-          wait.done = true
-          clearTimeout(wait.timer)
-          resume(resumed)
-        })
-        if (wait.done) return
-        wait.timer = setTimeout(() => {
-          wait.done = true
-          unregister()
-          resume(Effect.void)
-        }, ms)
-        return Effect.sync(() => {
-          wait.done = true
-          clearTimeout(wait.timer)
-          unregister()
-        })
-      })
-  )
 }
 
 /** When `entry` next needs the keeper: its deadline, or its renewal if that comes first. */
@@ -97,74 +42,6 @@ const dueAt = (entry: Entry): number => {
   // after a failed renewal, try again at the next grid point, never in a tight loop
   while (next <= entry.attemptedAt) next += quantum
   return Math.min(next, entry.deadline)
-}
-
-
-/** A binary min-heap of entries by `at`; each entry knows its index, so it can be moved or removed. */
-export class Heap {
-  private readonly entries: Array<Entry> = []
-  get size() {
-    return this.entries.length
-  }
-  peek(): Entry | undefined {
-    return this.entries[0]
-  }
-  /** Puts `entry` at time `at`, or moves it there if it is in already. */
-  set(entry: Entry, at: number) {
-    if (entry.index < 0) {
-      entry.at = at
-      entry.index = this.entries.length
-      this.entries.push(entry)
-      this.up(entry.index)
-    } else {
-      const earlier = at < entry.at
-      entry.at = at
-      if (earlier) this.up(entry.index)
-      else this.down(entry.index)
-    }
-  }
-  remove(entry: Entry) {
-    const i = entry.index
-    if (i < 0) return
-    entry.index = -1
-    const last = this.entries.pop()!
-    if (last === entry) return
-    this.entries[i] = last
-    last.index = i
-    this.up(i)
-    this.down(last.index)
-  }
-  private up(i: number) {
-    const entries = this.entries
-    const entry = entries[i]!
-    while (i > 0) {
-      const parent = (i - 1) >> 1
-      if (entries[parent]!.at <= entry.at) break
-      const moved = entries[parent]!
-      entries[i] = moved
-      moved.index = i
-      i = parent
-    }
-    entries[i] = entry
-    entry.index = i
-  }
-  private down(i: number) {
-    const entries = this.entries
-    const entry = entries[i]!
-    while (true) {
-      const left = 2 * i + 1
-      if (left >= entries.length) break
-      const right = left + 1
-      const child = right < entries.length && entries[right]!.at < entries[left]!.at ? right : left
-      if (entries[child]!.at >= entry.at) break
-      const moved = entries[child]!
-      entries[i] = moved
-      moved.index = i
-      i = child
-    }
-    entries[i] = entry
-    entry.index = i
-  }
 }
 
 /** The keeper of one backend. */
@@ -191,7 +68,7 @@ export const keeperOf = (backend: Service): Keeper => {
 }
 
 const makeKeeper = (backend: Service): Keeper => {
-  const heap = new Heap()
+  const heap = new Heap<Entry>()
   let live = 0
   /** Whether a loop fiber exists (running, or sleeping in `sleeper`). */
   let running = false

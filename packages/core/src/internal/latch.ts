@@ -2,7 +2,8 @@ import { Duration, Effect, GlobalValue } from "effect"
 import type { Service } from "../LockBackend.js"
 import type { BackendError } from "../LockError.js"
 import { InvalidLockOptions, LockTimeout } from "../LockError.js"
-import { awaitWakeUp, monotonicMillis } from "./keeper.js"
+import { monotonicMillis } from "./time.js"
+import { awaitWakeUp } from "./wakeUp.js"
 
 /** A latch handle: its key, the backend it lives on, and how often a waiter re-reads the count. */
 export interface LatchSpec {

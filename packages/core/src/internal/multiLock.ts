@@ -2,9 +2,11 @@ import { Duration, Effect, ExecutionStrategy, Exit, Option, Scope } from "effect
 import type { Lease, LeaseState } from "../Lease.js"
 import type { LockLost } from "../LockError.js"
 import { InvalidLockOptions, LockTimeout } from "../LockError.js"
-import { monotonicMillis } from "./keeper.js"
-import type { AttemptError, LockSpec, Retry } from "./lock.js"
-import * as internal from "./lock.js"
+import { monotonicMillis } from "./time.js"
+import type { AttemptError } from "./acquisition.js"
+import { scopedLease } from "./acquisition.js"
+import { whileHeld } from "./criticalSection.js"
+import type { LockSpec, Restore, Retry } from "./spec.js"
 
 /**
  * The order every multi-lock takes its parts in: by key, a write view before a read view of the
@@ -75,7 +77,7 @@ const takeAll = (
   specs: ReadonlyArray<LockSpec>,
   timeoutMs: number | undefined,
   into: Scope.Scope,
-  restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>,
+  restore: Restore,
   retry: Retry
 ): Effect.Effect<Option.Option<Parts>, AttemptError | LockTimeout> =>
     Effect.gen(function*() {
@@ -94,7 +96,7 @@ const takeAll = (
         /** Waits up to `waitMs` for part `index` (0: try once); `false` if it was not granted. */
         const take = (index: number, waitMs: number | undefined) =>
           Effect.map(
-            Effect.catchTag(internal.acquire(specs[index]!, 1, waitMs, retry), "LockTimeout", (e) =>
+            Effect.catchTag(scopedLease(specs[index]!, 1, waitMs, retry), "LockTimeout", (e) =>
               // the bound passed, not the caller's timeout: the next round sees to that
               waitMs !== left ? Effect.succeedNone : Effect.fail(e)),
             (lease) => {
@@ -196,7 +198,7 @@ const runWithAll = <A, E, R>(
           onSuccess: () => {
             const leases = parts.value.leases
             const effect = typeof body === "function" ? Effect.suspend(() => body(leases)) : body
-            return Effect.asSome(internal.whileHeld(leases, effect, restore, close))
+            return Effect.asSome(whileHeld(leases, effect, restore, close))
           }
         })
       })

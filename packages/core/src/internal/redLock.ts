@@ -3,7 +3,7 @@ import { Effect, Either, Fiber, Random } from "effect"
 import type * as LockBackend from "../LockBackend.js"
 import type { NodeAnswer } from "../LockError.js"
 import { BackendError, InvalidLockOptions, NotHeld, QuorumNotReached } from "../LockError.js"
-import { driftMs, monotonicMillis } from "./keeper.js"
+import { driftMs, monotonicMillis } from "./time.js"
 
 /** A quorum's settings, validated. */
 export interface Settings {

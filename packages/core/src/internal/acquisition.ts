@@ -1,0 +1,307 @@
+/**
+ * Acquisition: the attempts a lock makes at its backend, the waiting between them and the retries
+ * after a backend failure, observed as one span and one set of metrics. A grant it makes is bound
+ * to a scope here, or to a body in `criticalSection.ts`.
+ */
+import { Cause, Clock, Context, DefaultServices, Duration, Effect, Exit, FiberRef, GlobalValue, Option, Schedule, Scope, Tracer } from "effect"
+import type { Lease } from "../Lease.js"
+import type { AcquireRequest, AcquireResult } from "../LockBackend.js"
+import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported, SelfDeadlock } from "../LockError.js"
+import { isBackendClosed, LockTimeout } from "../LockError.js"
+import { addHeld, heldLeases, liveOn, selfDeadlock } from "./fiberHolds.js"
+import { countIn } from "./holdRecord.js"
+import type { Grant } from "./lease.js"
+import { attach, recordOf } from "./lease.js"
+import type { Outcome } from "./metrics.js"
+import * as metrics from "./metrics.js"
+import type { LockSpec, Restore, Retry } from "./spec.js"
+import { monotonicMillis } from "./time.js"
+import { awaitWakeUp } from "./wakeUp.js"
+
+export type AttemptError = BackendError | InvalidLockOptions | LockUpgradeNotSupported | SelfDeadlock
+
+/** The backend refused for now: the backend's own answer, with how long waiting is useful. */
+type Denied = Extract<AcquireResult, { readonly _tag: "Denied" }>
+
+/**
+ * The hold being re-entered is gone (or the request was refused as a late copy): the acquisition
+ * starts over as a new holder.
+ */
+interface Stale {
+  readonly _tag: "Stale"
+}
+
+const stale: Stale = { _tag: "Stale" }
+const succeedStale = Effect.succeed(stale)
+
+/** How one request to the backend ended. */
+type Attempt = Grant | Denied | Stale
+
+const holderCounter = GlobalValue.globalValue(Symbol.for("@lockstep/core/holderCounter"), () => ({ next: 0 }))
+
+/**
+ * Acquires a lease into the current scope. `timeoutMs`: `undefined` waits forever, `0` makes a
+ * single attempt (try-acquire). Each attempt runs uninterruptibly and its grant is bound to the
+ * scope in the same step; only the waiting in between is interruptible. An interruption that
+ * arrived while a grant was in flight releases that grant at once, and an attempt whose reply was
+ * lost is released best-effort: nothing is left held for a caller that has no lease.
+ */
+export const scopedLease = (
+  spec: LockSpec,
+  permits: number,
+  timeoutMs: number | undefined,
+  retry?: Retry
+): Effect.Effect<Option.Option<Lease>, AttemptError | LockTimeout, Scope.Scope> =>
+  Effect.uninterruptibleMask((restore) =>
+    Effect.flatMap(takeGrant(spec, permits, timeoutMs, retry, restore), (grant) => {
+      if (Option.isNone(grant)) return Effect.succeedNone
+      const { close, lease } = grant.value
+      const held = recordOf(lease)
+      return Effect.flatMap(Effect.scope, (scope) =>
+        Effect.zipRight(
+          Effect.zipRight(
+            // a new record joins the holds of the fiber whose scope owns the lease (a re-entered one is there)
+            FiberRef.update(heldLeases, (leases) =>
+              leases.all.includes(held) ? leases : { all: addHeld(leases.all, held), taken: addHeld(leases.taken, held) }),
+            Scope.addFinalizer(scope, close)
+          ),
+          // an interruption that arrived while the grant was in flight: the caller gets no
+          // lease, so the grant is released now rather than when the caller's scope closes
+          Effect.as(Effect.onInterrupt(restore(Effect.void), () => close), Option.some(lease))
+        ))
+    })
+  )
+
+/** Effect's built-in tracer: its spans go nowhere, so an acquisition under it makes none. */
+const nativeTracer = Context.get(DefaultServices.liveServices, Tracer.Tracer)
+
+/**
+ * One acquisition, observed: a `lockstep.acquire` span (key, kind, permits, then fence, wait and
+ * outcome) when a tracer is installed, and the acquisition metrics. Stack traces are not
+ * captured: this is every lock's path.
+ */
+export const takeGrant = (
+  spec: LockSpec,
+  permits: number,
+  timeoutMs: number | undefined,
+  retry: Retry,
+  restore: Restore
+): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
+  /** The attempts, timed on the fiber's clock and observed (with `span`, if any) when they end. */
+  const observed = (span: Tracer.Span | undefined): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
+    Effect.withFiberRuntime((fiber) => {
+      const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+      const startedAt = clock.unsafeCurrentTimeNanos()
+      return Effect.onExit(
+        grantWithRetry(spec, permits, timeoutMs, retry, restore),
+        (exit) => Effect.sync(() => observeAcquisition(spec, span, exit, startedAt, clock.unsafeCurrentTimeNanos()))
+      )
+    })
+  return Effect.withFiberRuntime((fiber) =>
+    Context.get(fiber.currentDefaultServices, Tracer.Tracer) === nativeTracer
+      ? observed(undefined)
+      : Effect.useSpan(
+        "lockstep.acquire",
+        {
+          kind: "client",
+          captureStackTrace: false,
+          attributes: { "lockstep.key": spec.key, "lockstep.kind": spec.kind, "lockstep.permits": permits }
+        },
+        observed
+      )
+  )
+}
+
+const observeAcquisition = (
+  spec: LockSpec,
+  span: Tracer.Span | undefined,
+  exit: Exit.Exit<Option.Option<Grant>, AttemptError | LockTimeout>,
+  startedAt: bigint,
+  endedAt: bigint
+): void => {
+  const seconds = Number(endedAt - startedAt) / 1e9
+  let outcome: Outcome
+  if (Exit.isSuccess(exit)) {
+    if (Option.isSome(exit.value)) {
+      outcome = "granted"
+      if (span !== undefined) {
+        span.attribute("lockstep.fence", exit.value.value.lease.fence)
+        span.attribute("lockstep.holder", exit.value.value.lease.holder)
+      }
+    } else {
+      outcome = "unavailable"
+    }
+  } else {
+    const failure = Cause.failureOption(exit.cause)
+    if (Option.isNone(failure)) return // interrupted: neither granted nor failed
+    outcome = failure.value._tag === "LockTimeout" ? "timeout" : "error"
+  }
+  if (span !== undefined) {
+    span.attribute("lockstep.wait_ms", seconds * 1000)
+    span.attribute("lockstep.outcome", outcome)
+  }
+  metrics.recordAcquisition(spec.labels, outcome, seconds)
+}
+
+/**
+ * An acquisition that, after a `BackendError`, starts over (as a new holder: the failed attempt's
+ * clean-up ended the old one) after each of `retry`'s delays, until the schedule is done (that
+ * error) or the deadline passed (`LockTimeout`). A single attempt (`timeoutMs` 0) is not retried:
+ * it must not wait. The delays are interruptible.
+ */
+const grantWithRetry = (
+  spec: LockSpec,
+  permits: number,
+  timeoutMs: number | undefined,
+  retry: Retry,
+  restore: Restore
+): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
+  if (retry === undefined || timeoutMs === 0) return grantAsHolder(spec, permits, timeoutMs, restore)
+  return Effect.flatMap(Effect.zip(Schedule.driver(retry), monotonicMillis), ([driver, startedAt]) => {
+    const from = (left: number | undefined): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
+      // a closed backend never answers again: nothing to retry
+      Effect.catchIf(grantAsHolder(spec, permits, left, restore), (error): error is BackendError => error._tag === "BackendError" && !isBackendClosed(error), (error) =>
+        Effect.matchEffect(restore(driver.next(error)), {
+          onFailure: () => Effect.fail(error),
+          onSuccess: () =>
+            Effect.flatMap(monotonicMillis, (now) => {
+              if (timeoutMs === undefined) return from(undefined)
+              const rest = timeoutMs - (now - startedAt)
+              return rest > 0
+                ? from(rest)
+                : Effect.fail(new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs) }))
+            })
+        }))
+    return from(timeoutMs)
+  })
+}
+
+/**
+ * An acquisition as one holder: re-enters the current fiber's hold on the key (or takes a new
+ * holder identity), makes the first attempt and, when denied, waits and tries again (`timeoutMs`
+ * 0: no waiting). A hold found gone meanwhile starts it over as a new holder.
+ */
+const grantAsHolder = (
+  spec: LockSpec,
+  permits: number,
+  timeoutMs: number | undefined,
+  restore: Restore
+): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
+  // what the first attempt needs is read synchronously: this is the path every lock takes
+  Effect.withFiberRuntime((fiber) => {
+    const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+    const mine = liveOn(fiber.getFiberRef(heldLeases), spec)
+    const found = spec.reentrant ? mine.find((h) => h.reentrant) : undefined
+    const deadlock = mine.length === 0 ? undefined : selfDeadlock(spec, permits, mine, found)
+    if (deadlock !== undefined) return Effect.fail(deadlock)
+    const holder = found?.holder ?? `${spec.backend.clientId}:${++holderCounter.next}`
+    const request: AcquireRequest = {
+      key: spec.key,
+      holder,
+      mode: spec.mode,
+      permits,
+      limit: spec.limit,
+      leaseMs: spec.leaseMs ?? spec.watchdogMs,
+      fair: spec.fair,
+      waiterTtlMs: spec.waiterTtlMs,
+      count: found === undefined ? 1 : countIn(found, spec.mode) + 1
+    }
+    const startedAt = Number(clock.unsafeCurrentTimeNanos()) / 1_000_000
+    const attemptAt = (sentAt: number): Effect.Effect<Attempt, AttemptError> =>
+      Effect.matchEffect(spec.backend.acquire(request), {
+        onSuccess: (result): Effect.Effect<Attempt> => {
+          if (result._tag === "Denied") return Effect.succeed(result)
+          if (found !== undefined && result.fence !== found.fence) {
+            // granted afresh (a writer taking the read lock of a key the backend forgot): the
+            // hold being re-entered is gone; give the new grant back and start over
+            return Effect.as(Effect.zipRight(found.lose("NotHeld"), cleanUpAttempt(spec, request)), stale)
+          }
+          return attach(spec, request, result.fence, sentAt, found)
+        },
+        onFailure: (error): Effect.Effect<Attempt, AttemptError> => {
+          switch (error._tag) {
+            case "NotHeld":
+              // the hold being re-entered is gone (or, for a new holder, refused as a late
+              // copy): start over as a new holder
+              return found === undefined ? succeedStale : Effect.as(found.lose("NotHeld"), stale)
+            case "BackendError":
+              // the reply may have been lost after the backend granted (or queued) the request
+              return Effect.zipRight(cleanUpAttempt(spec, request), Effect.fail(error))
+            default:
+              return Effect.fail(error)
+          }
+        }
+      })
+    const attempt = Effect.flatMap(monotonicMillis, attemptAt)
+    const settle = (outcome: Attempt): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
+      switch (outcome._tag) {
+        case "Granted":
+          return Effect.succeed(Option.some(outcome))
+        case "Stale":
+          return Effect.flatMap(monotonicMillis, (now) => {
+            // start over as a new holder, within what is left of the wait; like the first
+            // attempt, each attempt runs uninterruptibly (only the waiting is restored), so an
+            // interruption cannot cut a grant in flight loose from its release
+            const left = timeoutMs === undefined || timeoutMs === 0 ? timeoutMs : Math.max(1, timeoutMs - (now - startedAt))
+            return grantAsHolder(spec, permits, left, restore)
+          })
+        case "Denied":
+          // waiting ends granted or stale, never denied
+          if (timeoutMs !== 0) return Effect.flatMap(waitForGrant(spec, request, attempt, startedAt, timeoutMs, restore), settle)
+          // a denied fair attempt queued us; a try-acquire must not stay in the queue
+          return spec.fair ? Effect.zipRight(cancel(spec, holder), Effect.succeedNone) : Effect.succeedNone
+      }
+    }
+    return Effect.flatMap(attemptAt(startedAt), settle)
+  })
+
+/** After an attempt failed without a reply: undo whatever it may have done. Best-effort. */
+const cleanUpAttempt = (spec: LockSpec, request: AcquireRequest): Effect.Effect<void> =>
+  Effect.zipRight(
+    Effect.ignore(spec.backend.release({
+      key: spec.key,
+      holder: request.holder,
+      mode: spec.mode,
+      count: request.count,
+      leaseMs: request.leaseMs
+    })),
+    spec.fair && request.count === 1 ? cancel(spec, request.holder) : Effect.void
+  )
+
+const cancel = (spec: LockSpec, holder: string): Effect.Effect<void> =>
+  Effect.ignore(spec.backend.cancel({ key: spec.key, holder, leaseMs: spec.leaseMs ?? spec.watchdogMs }))
+
+/**
+ * Subscribe, then retry; sleep until a wake-up, the blocking hold's expiry, the fair-queue
+ * heartbeat or the caller's deadline, whichever is first; retry. Leaving without a grant drops
+ * the fair-queue entry and (through the subscription's scope) hands any wake-up on.
+ */
+const waitForGrant = (
+  spec: LockSpec,
+  request: AcquireRequest,
+  attempt: Effect.Effect<Attempt, AttemptError>,
+  startedAt: number,
+  timeoutMs: number | undefined,
+  restore: Restore
+): Effect.Effect<Grant | Stale, AttemptError | LockTimeout> =>
+  Effect.gen(function*() {
+    const deadline = timeoutMs === undefined ? Infinity : startedAt + timeoutMs
+    const subscription = yield* spec.backend.subscribe(spec.key, request.holder, spec.mode)
+    // fair waiters refresh their queue entry well before it expires; every waiter tries again at
+    // least once per waiter timeout, so a wake-up lost with a crashed waiter (or a network) delays
+    // the others by that much at most, never by the blocking lease
+    const heartbeatMs = Math.max(1, Math.floor(spec.fair ? spec.waiterTtlMs / 3 : spec.waiterTtlMs))
+    while (true) {
+      const result = yield* attempt
+      if (result._tag !== "Denied") return result
+      const now = yield* monotonicMillis
+      if (now >= deadline) {
+        return yield* Effect.fail(new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs ?? Infinity) }))
+      }
+      yield* restore(awaitWakeUp(subscription, result.retryAfterMs, heartbeatMs, deadline - now))
+    }
+  }).pipe(
+    Effect.scoped,
+    Effect.onExit((exit) => Exit.isSuccess(exit) || !spec.fair ? Effect.void : cancel(spec, request.holder))
+  )
+
