@@ -47,7 +47,10 @@ export type TcpProxyError = internal.TcpProxyError
  * @since 0.1.0
  * @category models
  */
-export type Fault = internal.Fault
+export interface Fault {
+  readonly kind: "replyLost" | "beforeSend"
+  readonly match: (command: string) => boolean
+}
 
 /**
  * A running proxy.

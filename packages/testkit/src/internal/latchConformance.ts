@@ -4,17 +4,14 @@ import * as CountDownLatch from "@lockstep/core/CountDownLatch"
 import * as Lock from "@lockstep/core/Lock"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import * as FaultyBackend from "../FaultyBackend.js"
-import type { Kit } from "./multiLockConformance.js"
-
-type TestFn = (name: string, self: () => Effect.Effect<void, unknown, never>, timeout?: number) => void
-
-const range = (n: number) => Array.from({ length: n }, (_, i) => i)
+import type { Kit } from "./conformanceKit.js"
+import { range } from "./conformanceKit.js"
 
 /** The CountDownLatch scenarios. */
-export const register = (kit: Kit, test: TestFn): void => {
-  const { advance, freshKey, handOff, hold, promptly, settle, shortMs, waiterTimeout, withBackend } = kit
+export const register = (kit: Kit): void => {
+  const { advance, everyKind, freshKey, handOff, hold, promptly, settle, shortMs, waiterTimeout, withBackend } = kit
 
-  test("CountDownLatch: set only at 0, counted down to 0 (never below), every waiter woken at once", () =>
+  everyKind("CountDownLatch: set only at 0, counted down to 0 (never below), every waiter woken at once", () =>
     withBackend(Effect.gen(function*() {
       const latch = yield* CountDownLatch.make(yield* freshKey("latch"))
       assert.strictEqual(yield* CountDownLatch.count(latch), 0)
@@ -38,7 +35,7 @@ export const register = (kit: Kit, test: TestFn): void => {
       yield* CountDownLatch.countDown(latch)
     })))
 
-  test("hand-off: a latch waiter is let in by the countDown that reaches 0, not by its recheck", () =>
+  everyKind("hand-off: a latch waiter is let in by the countDown that reaches 0, not by its recheck", () =>
     handOff("CountDownLatch", Effect.gen(function*() {
       const latch = yield* CountDownLatch.make(yield* freshKey("hand-off-latch"), { recheck: waiterTimeout })
       return {
@@ -53,7 +50,7 @@ export const register = (kit: Kit, test: TestFn): void => {
       }
     })), 60_000)
 
-  test("CountDownLatch: a call delivered twice counts once", () =>
+  everyKind("CountDownLatch: a call delivered twice counts once", () =>
     withBackend(Effect.gen(function*() {
       const backend = yield* LockBackend
       const key = yield* freshKey("latch-twice")
@@ -71,7 +68,7 @@ export const register = (kit: Kit, test: TestFn): void => {
       assert.strictEqual(yield* backend.latchCount(key), 0)
     })))
 
-  test("CountDownLatch: a change whose reply is lost is tried again under its id: it counts once", () =>
+  everyKind("CountDownLatch: a change whose reply is lost is tried again under its id: it counts once", () =>
     withBackend(Effect.gen(function*() {
       const backend = yield* LockBackend
       const key = yield* freshKey("latch-lost-reply")
@@ -93,7 +90,7 @@ export const register = (kit: Kit, test: TestFn): void => {
       yield* CountDownLatch.countDown(latch)
     })))
 
-  test("CountDownLatch: a timeout fails with LockTimeout, an interrupted waiter leaves, bad input is refused", () =>
+  everyKind("CountDownLatch: a timeout fails with LockTimeout, an interrupted waiter leaves, bad input is refused", () =>
     withBackend(Effect.gen(function*() {
       const key = yield* freshKey("latch-timeout")
       const latch = yield* CountDownLatch.make(key)

@@ -1,53 +1,15 @@
 import { assert } from "@effect/vitest"
-import { Cause, Deferred, Duration, Effect, Exit, Fiber, Option, Scope } from "effect"
+import { Deferred, Duration, Effect, Exit, Fiber, Option, Scope } from "effect"
 import * as FairLock from "@lockstep/core/FairLock"
-import type { Lease } from "@lockstep/core/Lease"
 import * as Lock from "@lockstep/core/Lock"
-import type { LockBackend } from "@lockstep/core/LockBackend"
 import * as MultiLock from "@lockstep/core/MultiLock"
 import * as ReadWriteLock from "@lockstep/core/ReadWriteLock"
-
-type TestFn = (name: string, self: () => Effect.Effect<void, unknown, never>, timeout?: number) => void
-
-/** What the conformance suite's scenarios share with these. */
-export interface Kit {
-  readonly live: boolean
-  readonly settle: Effect.Effect<void>
-  readonly advance: (ms: number) => Effect.Effect<void>
-  readonly shortMs: number
-  readonly promptly: <A, E, R>(self: Effect.Effect<A, E, R>) => Effect.Effect<A, E | Error, R>
-  readonly freshKey: (label: string) => Effect.Effect<string>
-  readonly hold: <E, R>(
-    acquire: Effect.Effect<Lease, E, R>
-  ) => Effect.Effect<{ readonly lease: Lease; readonly release: Effect.Effect<void, E> }, never, Exclude<R, Scope.Scope>>
-  readonly withBackend: <A, E>(self: Effect.Effect<A, E, LockBackend>) => Effect.Effect<A, E>
-  readonly assertFree: (key: string) => Effect.Effect<void, unknown, LockBackend>
-  /**
-   * How long a waiter of the hand-off checks goes without looking again on its own (the
-   * `waiterTimeout` of its locks, the `recheck` of its latch): far longer than any hand-off.
-   */
-  readonly waiterTimeout: Duration.Duration
-  /**
-   * Checks one hand-off: the handles `make` builds (on a backend that tells when the waiter is
-   * waiting), a holder holding, a waiter waiting, the holder releasing; fails unless the waiter
-   * is let in within the harness's hand-off bound of the release.
-   */
-  readonly handOff: (label: string, make: Effect.Effect<HandOff, unknown, LockBackend>) => Effect.Effect<void, unknown>
-}
-
-/** The two sides of a hand-off. */
-export interface HandOff {
-  /** Holds, runs `body`, then releases. */
-  readonly hold: (body: Effect.Effect<void>) => Effect.Effect<void, unknown>
-  /** Waits until it is let in, then runs `body` (which marks the moment). */
-  readonly wait: (body: Effect.Effect<void>) => Effect.Effect<void, unknown>
-}
-
-const range = (n: number) => Array.from({ length: n }, (_, i) => i)
+import type { Kit } from "./conformanceKit.js"
+import { failureOf, range } from "./conformanceKit.js"
 
 /** The multi-lock scenarios, over parts that all live on the suite's backend. */
-export const register = (kit: Kit, test: TestFn): void => {
-  const { advance, assertFree, freshKey, handOff, hold, live, promptly, settle, shortMs, waiterTimeout, withBackend } = kit
+export const register = (kit: Kit): void => {
+  const { advance, assertFree, everyKind, freshKey, handOff, hold, live, promptly, settle, shortMs, waiterTimeout, withBackend } = kit
 
   const threeLocks = (label: string) =>
     Effect.gen(function*() {
@@ -55,7 +17,7 @@ export const register = (kit: Kit, test: TestFn): void => {
       return { keys, locks: yield* Effect.forEach(keys, (key) => Lock.make(key)) }
     })
 
-  test("MultiLock: a part held long is waited for holding nothing else once the bound passes; then all are held", () =>
+  everyKind("MultiLock: a part held long is waited for holding nothing else once the bound passes; then all are held", () =>
     withBackend(Effect.gen(function*() {
       const { keys, locks } = yield* threeLocks("multi-wait")
       const [a, b, c] = locks as [Lock.Lock, Lock.Lock, Lock.Lock]
@@ -85,7 +47,7 @@ export const register = (kit: Kit, test: TestFn): void => {
     })))
 
   for (const parts of [1, 2]) {
-    test(`hand-off: a MultiLock of ${parts} part${parts === 1 ? "" : "s"} waiting for another over the same parts is let in at its release`, () =>
+    everyKind(`hand-off: a MultiLock of ${parts} part${parts === 1 ? "" : "s"} waiting for another over the same parts is let in at its release`, () =>
       handOff(`MultiLock of ${parts}`, Effect.gen(function*() {
         const locks = yield* Effect.forEach(range(parts), (i) =>
           Effect.flatMap(freshKey(`hand-off-multi-${parts}-${i}`), (key) => Lock.make(key, { waiterTimeout })))
@@ -95,7 +57,7 @@ export const register = (kit: Kit, test: TestFn): void => {
       })), 60_000)
   }
 
-  test("MultiLock: overlapping sets in opposite orders never deadlock and never overlap", () =>
+  everyKind("MultiLock: overlapping sets in opposite orders never deadlock and never overlap", () =>
     withBackend(Effect.gen(function*() {
       const { keys, locks } = yield* threeLocks("multi-overlap")
       const [a, b, c] = locks as [Lock.Lock, Lock.Lock, Lock.Lock]
@@ -135,7 +97,7 @@ export const register = (kit: Kit, test: TestFn): void => {
       for (const key of keys) yield* assertFree(key)
     })))
 
-  test("MultiLock: a timeout or an interruption while waiting, and a busy tryAcquire, leave nothing held", () =>
+  everyKind("MultiLock: a timeout or an interruption while waiting, and a busy tryAcquire, leave nothing held", () =>
     withBackend(Effect.gen(function*() {
       const { keys, locks } = yield* threeLocks("multi-timeout")
       const [a, b] = locks as [Lock.Lock, Lock.Lock]
@@ -163,7 +125,7 @@ export const register = (kit: Kit, test: TestFn): void => {
       for (const key of keys) yield* assertFree(key)
     })))
 
-  test("MultiLock: an interruption at any step releases the parts taken at once, not when the scope closes", () =>
+  everyKind("MultiLock: an interruption at any step releases the parts taken at once, not when the scope closes", () =>
     withBackend(Effect.gen(function*() {
       for (const steps of range(16)) {
         const { keys, locks } = yield* threeLocks(`multi-interrupt-${steps}`)
@@ -180,7 +142,7 @@ export const register = (kit: Kit, test: TestFn): void => {
       }
     })), 120_000)
 
-  test("MultiLock: losing one part fails lost and interrupts the withLock body; the others are released", () =>
+  everyKind("MultiLock: losing one part fails lost and interrupts the withLock body; the others are released", () =>
     withBackend(Effect.gen(function*() {
       const { keys } = yield* threeLocks("multi-lost")
       const steady = yield* Lock.make(keys[0]!)
@@ -192,7 +154,7 @@ export const register = (kit: Kit, test: TestFn): void => {
       yield* Lock.isLocked(steady).pipe(Effect.zipLeft(settle), Effect.repeat({ until: (locked) => locked }))
       yield* advance(shortMs)
       const exit = yield* Fiber.await(fiber)
-      const error = Exit.isFailure(exit) ? Cause.failureOption(exit.cause) : Option.none()
+      const error = failureOf(exit)
       assert.isTrue(
         Option.isSome(error) && error.value._tag === "LockLost" && error.value.key === keys[1] && error.value.reason === "DeadlinePassed",
         String(exit)
@@ -211,7 +173,7 @@ export const register = (kit: Kit, test: TestFn): void => {
       for (const key of keys.slice(0, 2)) yield* assertFree(key)
     })))
 
-  test("MultiLock: parts re-enter held locks, and the body re-enters the parts", () =>
+  everyKind("MultiLock: parts re-enter held locks, and the body re-enters the parts", () =>
     withBackend(Effect.gen(function*() {
       const { keys, locks } = yield* threeLocks("multi-reenter")
       const [a, b] = locks as [Lock.Lock, Lock.Lock]

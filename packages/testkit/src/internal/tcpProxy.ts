@@ -1,28 +1,16 @@
 import * as net from "node:net"
 import type { Scope } from "effect"
 import { Data, Deferred, Effect, Exit } from "effect"
+import type { Fault, TcpProxy } from "../TcpProxy.js"
+
+// the public module declares these, so that the proxy cannot miss a field added to them
+export type { Fault, TcpProxy }
 
 /** @internal */
 export class TcpProxyError extends Data.TaggedError("TcpProxyError")<{
   readonly message: string
   readonly cause?: unknown
 }> {}
-
-/** @internal */
-export interface Fault {
-  readonly kind: "replyLost" | "beforeSend"
-  readonly match: (command: string) => boolean
-}
-
-/** @internal */
-export interface TcpProxy {
-  readonly host: string
-  readonly port: number
-  readonly url: string
-  readonly connections: Effect.Effect<number>
-  readonly resetAll: Effect.Effect<void>
-  readonly arm: (fault: Fault) => Effect.Effect<Effect.Effect<void>>
-}
 
 interface Pair {
   readonly client: net.Socket
