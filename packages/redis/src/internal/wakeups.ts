@@ -67,7 +67,7 @@ export const idleUnsubscribeMs = 1_000
  * unsubscribed once no waiter has used them for `idleMs` (a key that is waited on again and
  * again keeps its subscription instead of a SUBSCRIBE / UNSUBSCRIBE per wait).
  *
- * Messages (see scripts.ts): a wake code wakes the waiter it names (`-<code>`: and the `0` that
+ * Messages (see scripts/lock.ts): a wake code wakes the waiter it names (`-<code>`: and the `0` that
  * follows belongs to the same release; `-1`: only that); `2` every shared waiter; `0` (Redisson's
  * unlock message, or a release that knew of no registered waiter) the longest-waiting one without
  * a pending wake-up (on a latch's channel, where `0` and `1` say the count changed: every
