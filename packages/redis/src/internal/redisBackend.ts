@@ -4,8 +4,8 @@ import calculateSlot from "cluster-key-slot"
 import type * as LockBackend from "@lockstep/core/LockBackend"
 import { BackendError, InvalidLockOptions } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
-import { keepOpen, subscriberFor, whenNotHandshaking } from "./connection.js"
-import type { Tracker } from "./connection.js"
+import { keepOpen, subscriberFor, whenNotHandshaking } from "./clients.js"
+import type { ClientTracker } from "./clients.js"
 import * as replication from "./replication.js"
 import type { Script } from "./scripts/descriptor.js"
 import * as latch from "./scripts/latch.js"
@@ -39,7 +39,7 @@ type Evalsha = (
 const isNoScript = (error: unknown) => error instanceof Error && error.message.startsWith("NOSCRIPT")
 
 /**
- * Builds the backend on `client` (borrowed: never closed here), which `connection` tracks. A
+ * Builds the backend on `client` (borrowed: never closed here), which `tracker` follows. A
  * duplicate connection carries the subscriptions of all waiters; with `replication`, another one
  * carries the scripts whose writes the replicas acknowledge (replication.ts). Both are closed with
  * the scope. Fails (BackendError "connect") only on a `replication` it cannot honour.
@@ -47,7 +47,7 @@ const isNoScript = (error: unknown) => error instanceof Error && error.message.s
 export const make = (
   client: Client,
   tuning: Tuning | undefined,
-  connection: Tracker
+  tracker: ClientTracker
 ): Effect.Effect<LockBackend.Service, BackendError, Scope.Scope> =>
   Effect.gen(function*() {
     const clientId = crypto.randomUUID()
@@ -59,11 +59,11 @@ export const make = (
     /**
      * One script call: EVALSHA, and EVAL when the server does not know the script yet. Settles
      * with the reply, or fails with BackendError (naming the endpoint and the connection's
-     * trouble) once the command timeout passes: see `Tracker.call`.
+     * trouble) once the command timeout passes: see `ClientTracker.call`.
      */
     const scripting = client as unknown as { readonly evalsha: Evalsha; readonly eval: Evalsha }
     const run = (s: Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) =>
-      connection.call(
+      tracker.call(
         s.name,
         // ioredis flattens array arguments one level: the keys and arguments go as they are
         () => scripting.evalsha(s.sha, keys.length, keys, args),
@@ -76,12 +76,12 @@ export const make = (
     // fails the build as a bad URL fails `layerFrom`, with BackendError "connect"
     const replicated = yield* Effect.mapError(
       replication.settingsOf(tuning),
-      (invalid) => connection.fail("connect", invalid)
+      (invalid) => tracker.fail("connect", invalid)
     )
     if (replicated?.aof === true) {
-      const known = yield* connection.call("connect", () => replication.hasWaitAof(client))
+      const known = yield* tracker.call("connect", () => replication.hasWaitAof(client))
       if (!known) {
-        return yield* Effect.fail(connection.fail(
+        return yield* Effect.fail(tracker.fail(
           "connect",
           new InvalidLockOptions({
             field: "replication.aof",
@@ -92,7 +92,7 @@ export const make = (
     }
     const acknowledged = replicated === undefined
       ? undefined
-      : yield* replication.make(client, replicated, (c) => connection.watch(c, "acknowledged"))
+      : yield* replication.make(client, replicated, (c) => tracker.watch(c, "acknowledged"))
 
     /**
      * A script whose writes must reach the replicas before its caller relies on them: with
@@ -108,7 +108,7 @@ export const make = (
     ): Effect.Effect<replication.Outcome, BackendError> =>
       acknowledged === undefined
         ? Effect.map(run(s, keys, args), (reply) => ({ reply, acknowledged: undefined }))
-        : connection.call(
+        : tracker.call(
           s.name,
           () => acknowledged.run(s, keys, args, needs),
           // a connection of its own: its health is not the commands connection's
@@ -120,7 +120,7 @@ export const make = (
     const unconfirmed = (operation: string, what: replication.Confirmed, outcome: replication.Outcome) =>
       replicated === undefined || outcome.acknowledged === undefined || outcome.acknowledged >= replicated.replicas
         ? undefined
-        : connection.fail(
+        : tracker.fail(
           operation,
           new replication.ReplicationNotAcknowledged({
             operation: what,
@@ -150,18 +150,18 @@ export const make = (
         })
 
     const subscriber = subscriberFor(client)
-    // our own connection: it never prints "Unhandled error event", even after the tracking
-    // listener is removed; connection errors surface through the calls that need it
+    // our own connection: it never prints "Unhandled error event", even after the tracker
+    // stops listening; connection errors surface through the calls that need it
     subscriber.on("error", () => undefined)
     const closeSubscriber = keepOpen(subscriber)
     // removed after the disconnect below (finalizers run in reverse order)
-    yield* connection.watch(subscriber, "subscriber")
+    yield* tracker.watch(subscriber, "subscriber")
     const wakeups = makeWakeups(
       {
         subscribe: (channel) => whenNotHandshaking(subscriber, () => subscriber.subscribe(channel)),
         unsubscribe: (channel) => whenNotHandshaking(subscriber, () => subscriber.unsubscribe(channel))
       },
-      (ready) => Effect.asVoid(connection.call("subscribe", () => ready, "subscriber"))
+      (ready) => Effect.asVoid(tracker.call("subscribe", () => ready, "subscriber"))
     )
     subscriber.on("message", (channel: string, message: string) => wakeups.onMessage(channel, message))
     let connectedOnce = false
@@ -174,7 +174,7 @@ export const make = (
     // open
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
-        connection.close()
+        tracker.close()
         wakeups.close()
         closeSubscriber()
       })
@@ -182,13 +182,16 @@ export const make = (
     /** `effect`, unless the backend is closed: calls that send nothing check it here. */
     const whileOpen = <A, E, R>(operation: string, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | BackendError, R> =>
       Effect.suspend((): Effect.Effect<A, E | BackendError, R> =>
-        connection.isClosed() ? Effect.fail(connection.closedError(operation)) : effect
+        tracker.isClosed() ? Effect.fail(tracker.closedError(operation)) : effect
       )
 
     /** The quarantine's longest lease, once it is known to be valid. */
     const longestLease = typeof quarantine === "number" ? quarantine : undefined
-    /** The BackendError of an acquisition that failed for `cause`, named like every other one (see `Tracker.locateAll`). */
-    const acquireFailed = (cause: Error) => connection.fail("acquire", cause)
+    /**
+     * The BackendError of an acquisition that failed for `cause`, named like every other one (see
+     * `ClientTracker.locateAll`).
+     */
+    const acquireFailed = (cause: Error) => tracker.fail("acquire", cause)
 
     const acquire = (request: LockBackend.AcquireRequest) =>
       Effect.suspend(() => {
