@@ -32,6 +32,7 @@ import type { Cluster, Redis } from "ioredis"
 import { InvalidLockOptions } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
 import { commandTimeout, duplicateOf, isCluster, keepOpen } from "./clients.js"
+import type { Script } from "./scripts/descriptor.js"
 
 /** What an acknowledgement confirms: a grant, a renewal, a fence raise or a latch change. */
 export type Confirmed = "grant" | "renewal" | "fence raise" | "latch change"
@@ -109,12 +110,6 @@ export const settingsOf = (tuning: Tuning | undefined): Either.Either<Settings |
   return Either.right({ replicas, timeout: Duration.millis(timeoutMs), timeoutMs, aof: aof === true })
 }
 
-/** A script as the backend keeps it. */
-export interface Source {
-  readonly lua: string
-  readonly sha: string
-}
-
 /** The replies to one script sent with an acknowledgement. */
 export interface Outcome {
   readonly reply: unknown
@@ -130,7 +125,7 @@ export interface Acknowledged {
    * attempt, say) settles as soon as it arrives.
    */
   readonly run: (
-    script: Source,
+    script: Script,
     keys: ReadonlyArray<string>,
     args: ReadonlyArray<string | number>,
     needs: (reply: unknown) => boolean
@@ -208,7 +203,7 @@ const onServer = (client: Redis, settings: Settings): Acknowledged => {
   })
 
   const run = (
-    script: Source,
+    script: Script,
     keys: ReadonlyArray<string>,
     args: ReadonlyArray<string | number>,
     needs: (reply: unknown) => boolean
@@ -265,7 +260,7 @@ const onCluster = (cluster: Cluster, settings: Settings): Acknowledged => {
     })
 
   const run = async (
-    script: Source,
+    script: Script,
     keys: ReadonlyArray<string>,
     args: ReadonlyArray<string | number>,
     needs: (reply: unknown) => boolean

@@ -15,10 +15,11 @@ export interface Script {
 }
 
 /**
- * A script's contract: `keys` and `args` build KEYS and ARGV in the order the script reads them,
- * `decode` reads its reply (with what the call was about) into the operation's result; scripts
- * whose writes the replicas may have to acknowledge also say, by `wrote`, which replies wrote
- * something. Plain functions : one call each per operation, nothing wrapped around them.
+ * A script's contract: `keys` and `args` build KEYS and ARGV in the order the script reads them;
+ * `decode` reads its reply (with what the call was about) into the operation's result, where the
+ * reply is read at all; scripts whose writes the replicas may have to acknowledge say by `wrote`
+ * which replies wrote something. Plain functions: one call each per operation, nothing wrapped
+ * around them.
  */
 export interface Contract {
   readonly keys: (...input: never) => ReadonlyArray<string>
