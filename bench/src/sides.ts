@@ -10,8 +10,8 @@ import { Mutex } from "redis-semaphore"
 import Redlock from "redlock"
 import { FairLock, Lock, LockBackend } from "@lockstep/core"
 import { RedisBackend } from "@lockstep/redis"
-import { endedKeyOf, keysOf } from "../../packages/redis/src/internal/redisBackend.js"
-import * as scripts from "../../packages/redis/src/internal/scripts.js"
+import { endedKeyOf, keysOf } from "../../packages/redis/src/internal/scripts/lock.js"
+import * as scripts from "../../packages/redis/src/internal/scripts/lock.js"
 import type { Locker } from "./shared.js"
 import { connect, promiseLocker } from "./shared.js"
 
@@ -86,7 +86,7 @@ const lockstepScripts = (url: string, key: string) =>
   Effect.gen(function*() {
     const client = yield* connect(url)
     const [acquire, release] = (yield* Effect.promise(() =>
-      Promise.all([client.script("LOAD", scripts.acquire), client.script("LOAD", scripts.release)])
+      Promise.all([client.script("LOAD", scripts.acquire.lua), client.script("LOAD", scripts.release.lua)])
     )).map(String)
     let next = 0
     return {

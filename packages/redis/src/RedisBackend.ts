@@ -29,7 +29,7 @@ import type { Cluster, ClusterNode, ClusterOptions, Redis, RedisOptions } from "
 import { LockBackend } from "@lockstep/core/LockBackend"
 import type { Service } from "@lockstep/core/LockBackend"
 import type { BackendError } from "@lockstep/core/LockError"
-import * as tracking from "./internal/connection.js"
+import * as clients from "./internal/clients.js"
 import * as internal from "./internal/redisBackend.js"
 import * as replication from "./internal/replication.js"
 
@@ -318,7 +318,7 @@ export const make: {
   (options: Options & { readonly replication?: undefined }): Effect.Effect<Service, never, Scope.Scope>
   (options: Options): Effect.Effect<Service, BackendError, Scope.Scope>
 } = (options: Options): Effect.Effect<Service, never, Scope.Scope> => {
-  const built = Effect.flatMap(tracking.track(options.client, options), (tracker) => build(options.client, options, tracker))
+  const built = Effect.flatMap(clients.track(options.client, options), (tracker) => build(options.client, options, tracker))
   // only `replication` can fail the build (see `Replication`): the overloads say when
   return built as Effect.Effect<Service, never, Scope.Scope>
 }
@@ -327,7 +327,7 @@ export const make: {
 const build = (
   client: Client,
   tuning: Tuning | undefined,
-  tracker: tracking.Tracker
+  tracker: clients.ClientTracker
 ): Effect.Effect<Service, BackendError, Scope.Scope> =>
   Effect.zipRight(
     Effect.forkScoped(tracker.report),
@@ -402,8 +402,8 @@ export const layerFrom = (connection: Connection, tuning?: Tuning): Layer.Layer<
   Layer.scoped(
     LockBackend,
     Effect.gen(function*() {
-      const client = yield* tracking.open(connection)
-      const tracker = yield* tracking.track(client, tuning)
+      const client = yield* clients.open(connection)
+      const tracker = yield* clients.track(client, tuning)
       yield* tracker.ping
       return yield* build(client, tuning, tracker)
     })

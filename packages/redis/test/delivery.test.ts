@@ -8,14 +8,14 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Option } from "effect"
 import { Lock } from "@lockstep/core"
 import { RedisServer, TcpProxy } from "@lockstep/testkit"
-import * as scripts from "../src/internal/scripts.js"
+import * as scripts from "../src/internal/scripts/lock.js"
 import { backendOn, call, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis delivery suite (delivery.test.ts)")
 
 const sha = (lua: string) => createHash("sha1").update(lua).digest("hex")
-const releaseSha = sha(scripts.release)
-const acquireSha = sha(scripts.acquire)
+const releaseSha = sha(scripts.release.lua)
+const acquireSha = sha(scripts.acquire.lua)
 /** Scripts the server has run so far (EVALSHA calls). */
 const scriptsRun = (raw: Parameters<typeof call>[0]) =>
   Effect.map(call(raw, "INFO", "commandstats"), (info) => Number(/cmdstat_evalsha:calls=(\d+)/.exec(String(info))?.[1] ?? 0))

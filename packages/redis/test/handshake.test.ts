@@ -7,7 +7,7 @@ import { EventEmitter } from "node:events"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { Client } from "../src/RedisBackend.js"
-import { whenNotHandshaking } from "../src/internal/connection.js"
+import { whenNotHandshaking } from "../src/internal/clients.js"
 
 /** A stand-in for an ioredis connection in its handshake (status `connect`). */
 const handshaking = () => Object.assign(new EventEmitter(), { status: "connect" })

@@ -26,7 +26,7 @@ import { BackendError } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
 import { History, RedisSentinel } from "@lockstep/testkit"
 import { runChild } from "../../core/test/fixtures/exitScenarios.js"
-import { sentinelOptions } from "../src/internal/connection.js"
+import { sentinelOptions } from "../src/internal/clients.js"
 import { eventually, nowMs, runnable, trapRejections, typedFailure, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis Sentinel suite (sentinel.test.ts)")

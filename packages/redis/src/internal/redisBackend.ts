@@ -1,95 +1,16 @@
-import { createHash } from "node:crypto"
 import type { Scope } from "effect"
 import { Duration, Effect, Either, Option, Runtime } from "effect"
 import calculateSlot from "cluster-key-slot"
 import type * as LockBackend from "@lockstep/core/LockBackend"
-import { forceReleaseMemoryMs, latchCallMemoryMs } from "@lockstep/core/LockBackend"
-import { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
+import { BackendError, InvalidLockOptions } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
-import { keepOpen, subscriberFor, whenNotHandshaking } from "./connection.js"
-import type { Tracker } from "./connection.js"
+import { keepOpen, subscriberFor, whenNotHandshaking } from "./clients.js"
+import type { ClientTracker } from "./clients.js"
 import * as replication from "./replication.js"
-import * as scripts from "./scripts.js"
+import type { Script } from "./scripts/descriptor.js"
+import * as latch from "./scripts/latch.js"
+import * as lock from "./scripts/lock.js"
 import { makeWakeups, wakeCode } from "./wakeups.js"
-
-
-interface Script {
-  readonly name: string
-  readonly lua: string
-  readonly sha: string
-}
-
-const script = (name: string, lua: string): Script => ({
-  name,
-  lua,
-  sha: createHash("sha1").update(lua).digest("hex")
-})
-
-const acquireScript = script("acquire", scripts.acquire)
-const releaseScript = script("release", scripts.release)
-const renewScript = script("renew", scripts.renew)
-const inspectScript = script("inspect", scripts.inspect)
-const forceReleaseScript = script("forceRelease", scripts.forceRelease)
-const cancelScript = script("cancel", scripts.cancel)
-const raiseFenceScript = script("raiseFence", scripts.raiseFence)
-const leaveScript = script("leave", scripts.leave)
-const latchSetCountScript = script("latchSetCount", scripts.latchSetCount)
-const latchCountDownScript = script("latchCountDown", scripts.latchCountDown)
-const latchCountScript = script("latchCount", scripts.latchCount)
-
-/**
- * The Redis keys of lock `key`, in the order the scripts expect them; `memo` is the key that
- * remembers the holder (or operation) the call is about.
- */
-export const keysOf = (key: string, memo = `lockstep_ended:{${key}}`) => [
-  key,
-  `redisson_lock_token:{${key}}`,
-  channelOf(key),
-  `lockstep_fair:{${key}}`,
-  `lockstep_fair_ttl:{${key}}`,
-  memo,
-  `lockstep_waiters:{${key}}`,
-  `lockstep_waiting:{${key}}`,
-  `lockstep_woken:{${key}}`
-]
-
-/** Where a holder that ended is remembered. */
-export const endedKeyOf = (key: string, holder: string) => `lockstep_ended:{${key}}:${holder}`
-
-/** The keys of lock `key` that are the same on every call (`keysOf`), and the prefix of its ended keys. */
-interface KeySet {
-  readonly keys: ReadonlyArray<string>
-  readonly endedPrefix: string
-}
-
-/** Lock keys whose `KeySet` is kept; past that many, the cache starts over. */
-const keySetsKept = 4096
-const keySets = new Map<string, KeySet>()
-
-/**
- * The `KeySet` of `key`, built once and kept: acquire and release name the same eight keys of a
- * lock on every call (and a ninth, the holder's), which are not built again for each call.
- */
-const keySetOf = (key: string): KeySet => {
-  let set = keySets.get(key)
-  if (set === undefined) {
-    if (keySets.size >= keySetsKept) keySets.clear()
-    set = { keys: keysOf(key), endedPrefix: `lockstep_ended:{${key}}:` }
-    keySets.set(key, set)
-  }
-  return set
-}
-
-/** `keysOf(key, endedKeyOf(key, holder))`, from the kept `KeySet`. */
-const holderKeysOf = (key: string, holder: string): Array<string> => {
-  const { endedPrefix, keys } = keySetOf(key)
-  return [keys[0]!, keys[1]!, keys[2]!, keys[3]!, keys[4]!, endedPrefix + holder, keys[6]!, keys[7]!, keys[8]!]
-}
-
-export const channelOf = (key: string) => `redisson_lock__channel:{${key}}`
-
-/** The server's epoch record, which the failover quarantine keeps (one per server). */
-export const epochKey = "lockstep_epoch"
 
 /**
  * The quarantine's longest lease in ms (`undefined`: no quarantine), or why it cannot be had: a
@@ -107,12 +28,6 @@ const quarantineOf = (tuning: Tuning | undefined, isCluster: boolean): number | 
   return Math.ceil(ms)
 }
 
-/** The keys of latch `key`: its count (Redisson's layout) and the calls applied to it. */
-export const latchKeysOf = (key: string) => [key, `lockstep_latch_applied:{${key}}`]
-
-/** Redisson's RCountDownLatch channel. */
-export const latchChannelOf = (key: string) => `redisson_countdownlatch__channel__{${key}}`
-
 /** EVALSHA / EVAL with the keys and the arguments as arrays, which ioredis flattens. */
 type Evalsha = (
   script: string,
@@ -123,16 +38,8 @@ type Evalsha = (
 
 const isNoScript = (error: unknown) => error instanceof Error && error.message.startsWith("NOSCRIPT")
 
-const asNumber = (value: unknown): number => Number(value)
-
-/** A renew reply that renewed at least one lease. */
-const renewedAny = (reply: unknown): boolean => Array.isArray(reply) && reply.some((answer) => answer === 1)
-
-/** An acquire reply that granted (a new hold, or a re-entry). */
-const isGrant = (reply: unknown): boolean => Array.isArray(reply) && Number(reply[0]) === 1
-
 /**
- * Builds the backend on `client` (borrowed: never closed here), which `connection` tracks. A
+ * Builds the backend on `client` (borrowed: never closed here), which `tracker` follows. A
  * duplicate connection carries the subscriptions of all waiters; with `replication`, another one
  * carries the scripts whose writes the replicas acknowledge (replication.ts). Both are closed with
  * the scope. Fails (BackendError "connect") only on a `replication` it cannot honour.
@@ -140,7 +47,7 @@ const isGrant = (reply: unknown): boolean => Array.isArray(reply) && Number(repl
 export const make = (
   client: Client,
   tuning: Tuning | undefined,
-  connection: Tracker
+  tracker: ClientTracker
 ): Effect.Effect<LockBackend.Service, BackendError, Scope.Scope> =>
   Effect.gen(function*() {
     const clientId = crypto.randomUUID()
@@ -152,11 +59,11 @@ export const make = (
     /**
      * One script call: EVALSHA, and EVAL when the server does not know the script yet. Settles
      * with the reply, or fails with BackendError (naming the endpoint and the connection's
-     * trouble) once the command timeout passes: see `Tracker.call`.
+     * trouble) once the command timeout passes: see `ClientTracker.call`.
      */
     const scripting = client as unknown as { readonly evalsha: Evalsha; readonly eval: Evalsha }
     const run = (s: Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) =>
-      connection.call(
+      tracker.call(
         s.name,
         // ioredis flattens array arguments one level: the keys and arguments go as they are
         () => scripting.evalsha(s.sha, keys.length, keys, args),
@@ -169,12 +76,12 @@ export const make = (
     // fails the build as a bad URL fails `layerFrom`, with BackendError "connect"
     const replicated = yield* Effect.mapError(
       replication.settingsOf(tuning),
-      (invalid) => connection.fail("connect", invalid)
+      (invalid) => tracker.fail("connect", invalid)
     )
     if (replicated?.aof === true) {
-      const known = yield* connection.call("connect", () => replication.hasWaitAof(client))
+      const known = yield* tracker.call("connect", () => replication.hasWaitAof(client))
       if (!known) {
-        return yield* Effect.fail(connection.fail(
+        return yield* Effect.fail(tracker.fail(
           "connect",
           new InvalidLockOptions({
             field: "replication.aof",
@@ -185,7 +92,7 @@ export const make = (
     }
     const acknowledged = replicated === undefined
       ? undefined
-      : yield* replication.make(client, replicated, (c) => connection.watch(c, "acknowledged"))
+      : yield* replication.make(client, replicated, (c) => tracker.watch(c, "acknowledged"))
 
     /**
      * A script whose writes must reach the replicas before its caller relies on them: with
@@ -201,7 +108,7 @@ export const make = (
     ): Effect.Effect<replication.Outcome, BackendError> =>
       acknowledged === undefined
         ? Effect.map(run(s, keys, args), (reply) => ({ reply, acknowledged: undefined }))
-        : connection.call(
+        : tracker.call(
           s.name,
           () => acknowledged.run(s, keys, args, needs),
           // a connection of its own: its health is not the commands connection's
@@ -213,7 +120,7 @@ export const make = (
     const unconfirmed = (operation: string, what: replication.Confirmed, outcome: replication.Outcome) =>
       replicated === undefined || outcome.acknowledged === undefined || outcome.acknowledged >= replicated.replicas
         ? undefined
-        : connection.fail(
+        : tracker.fail(
           operation,
           new replication.ReplicationNotAcknowledged({
             operation: what,
@@ -243,18 +150,18 @@ export const make = (
         })
 
     const subscriber = subscriberFor(client)
-    // our own connection: it never prints "Unhandled error event", even after the tracking
-    // listener is removed; connection errors surface through the calls that need it
+    // our own connection: it never prints "Unhandled error event", even after the tracker
+    // stops listening; connection errors surface through the calls that need it
     subscriber.on("error", () => undefined)
     const closeSubscriber = keepOpen(subscriber)
     // removed after the disconnect below (finalizers run in reverse order)
-    yield* connection.watch(subscriber, "subscriber")
+    yield* tracker.watch(subscriber, "subscriber")
     const wakeups = makeWakeups(
       {
         subscribe: (channel) => whenNotHandshaking(subscriber, () => subscriber.subscribe(channel)),
         unsubscribe: (channel) => whenNotHandshaking(subscriber, () => subscriber.unsubscribe(channel))
       },
-      (ready) => Effect.asVoid(connection.call("subscribe", () => ready, "subscriber"))
+      (ready) => Effect.asVoid(tracker.call("subscribe", () => ready, "subscriber"))
     )
     subscriber.on("message", (channel: string, message: string) => wakeups.onMessage(channel, message))
     let connectedOnce = false
@@ -267,7 +174,7 @@ export const make = (
     // open
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
-        connection.close()
+        tracker.close()
         wakeups.close()
         closeSubscriber()
       })
@@ -275,35 +182,29 @@ export const make = (
     /** `effect`, unless the backend is closed: calls that send nothing check it here. */
     const whileOpen = <A, E, R>(operation: string, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | BackendError, R> =>
       Effect.suspend((): Effect.Effect<A, E | BackendError, R> =>
-        connection.isClosed() ? Effect.fail(connection.closedError(operation)) : effect
+        tracker.isClosed() ? Effect.fail(tracker.closedError(operation)) : effect
       )
+
+    /** The quarantine's longest lease, once it is known to be valid. */
+    const longestLease = typeof quarantine === "number" ? quarantine : undefined
+    /**
+     * The BackendError of an acquisition that failed for `cause`, named like every other one (see
+     * `ClientTracker.locateAll`).
+     */
+    const acquireFailed = (cause: Error) => tracker.fail("acquire", cause)
 
     const acquire = (request: LockBackend.AcquireRequest) =>
       Effect.suspend(() => {
-        const keys = holderKeysOf(request.key, request.holder)
+        const keys = lock.acquire.keys(request.key, request.holder, longestLease)
         const channel = keys[2]!
         const code = wakeCode(request.holder)
-        const limit = request.limit === Infinity ? -1 : request.limit
         // only a waiter on a subscription registers: a release may then wake it by its code
         const register = !request.fair && wakeups.isWaiting(channel, request.holder, code)
         if (register) {
           // its entry in the waiters set, as the script writes it; noted before the call, so that a
           // registration whose reply is lost is taken out too when the waiter gives up
-          const member = `${code}|${request.mode === "exclusive" ? "x" : "s"}|${request.permits}|${limit}`
-          wakeups.registered(channel, request.holder, code, member)
+          wakeups.registered(channel, request.holder, code, lock.waiterMember(request, code))
         }
-        const args = [
-          request.holder,
-          request.mode === "exclusive" ? "x" : "s",
-          request.permits,
-          limit,
-          request.leaseMs,
-          request.fair ? "1" : "0",
-          request.waiterTtlMs,
-          request.count,
-          code,
-          register ? "1" : "0"
-        ]
         if (quarantine !== undefined) {
           if (typeof quarantine === "string") return Effect.fail(new InvalidLockOptions({ field: "quarantine", reason: quarantine }))
           if (request.leaseMs > quarantine) {
@@ -315,63 +216,25 @@ export const make = (
               })
             )
           }
-          args.push(quarantine)
-          keys.push(epochKey)
         }
         return Effect.flatMap(
           // a grant is confirmed by the replicas (with `replication`); a failure here is a
           // BackendError, after which the caller releases what the attempt may have been granted
-          runAcknowledged(acquireScript, keys, args, "grant", isGrant),
-          (reply): Effect.Effect<
-            LockBackend.AcquireResult,
-            BackendError | InvalidLockOptions | LockUpgradeNotSupported | NotHeld
-          > => {
-            const [status, a, b] = reply as [number, number?, number?]
-            switch (status) {
-              case 1:
-                return Effect.succeed({ _tag: "Granted", fence: asNumber(a), count: asNumber(b) })
-              case 0:
-                return Effect.succeed({ _tag: "Denied", retryAfterMs: asNumber(a) })
-              case 2:
-                return Effect.fail(new LockUpgradeNotSupported({ key: request.key, holder: request.holder }))
-              case 3:
-                return Effect.fail(
-                  new InvalidLockOptions({
-                    field: "limit",
-                    reason: `"${request.key}" is held with limit ${
-                      asNumber(a) === -1 ? "unlimited" : a
-                    }, the request names ${request.limit}`
-                  })
-                )
-              case 4:
-                return Effect.fail(
-                  new InvalidLockOptions({
-                    field: "permits",
-                    reason: `${request.permits} permits exceed the limit ${request.limit}`
-                  })
-                )
-              case 5:
-                return Effect.fail(new NotHeld({ key: request.key, holder: request.holder }))
-              default:
-                // named like every other BackendError of acquire (see `Tracker.locateAll`)
-                return Effect.fail(connection.fail("acquire", new Error(`unexpected reply ${String(reply)}`)))
-            }
-          }
+          runAcknowledged(
+            lock.acquire,
+            keys,
+            lock.acquire.args(request, code, register, longestLease),
+            "grant",
+            lock.acquire.wrote
+          ),
+          (reply) => lock.acquire.decode(reply, request, acquireFailed)
         )
       })
 
     const release = (request: LockBackend.ReleaseRequest) =>
       Effect.flatMap(
-        run(releaseScript, holderKeysOf(request.key, request.holder), [
-          request.holder,
-          request.mode === "exclusive" ? "x" : "s",
-          request.count,
-          request.leaseMs
-        ]),
-        (reply) =>
-          asNumber(reply) < 0
-            ? Effect.fail(new NotHeld({ key: request.key, holder: request.holder }))
-            : Effect.succeed(asNumber(reply))
+        run(lock.release, lock.release.keys(request.key, request.holder), lock.release.args(request)),
+        (reply) => lock.release.decode(reply, request)
       )
 
     /** Sends a batch of renewals: one script per cluster slot (all of them at once on a single server). */
@@ -394,25 +257,15 @@ export const make = (
           (indexes) =>
             Effect.map(
               runConfirmed(
-                renewScript,
-                indexes.map((i) => requests[i]!.key),
-                indexes.flatMap((i) => [requests[i]!.holder, requests[i]!.leaseMs]),
-                renewedAny
+                lock.renew,
+                lock.renew.keys(requests, indexes),
+                lock.renew.args(requests, indexes),
+                lock.renew.wrote
               ),
               (outcome) => {
-                // renewals the replicas did not acknowledge are not confirmed: each such lease keeps
-                // the deadline it had (a "not held" needs no acknowledgement: the lease is lost)
+                // renewals the replicas did not acknowledge are not confirmed
                 const notAcknowledged = unconfirmed("renew", "renewal", outcome)
-                return indexes.map((index, j) => {
-                  const answer = (outcome.reply as Array<number | string>)[j]
-                  const result: LockBackend.RenewResult = typeof answer === "string"
-                    // this lease's own error (a key of another type, say): the others are unaffected
-                    ? Either.left(new BackendError({ operation: "renew", cause: new Error(answer) }))
-                    : answer === 1 && notAcknowledged !== undefined
-                    ? Either.left(notAcknowledged)
-                    : Either.right(answer === 1)
-                  return [index, result] as const
-                })
+                return indexes.map((index, j) => [index, lock.renew.decode(outcome.reply, j, notAcknowledged)] as const)
               }
             ),
           { concurrency: "unbounded" }
@@ -437,69 +290,43 @@ export const make = (
      * it, and a failure only leaves the entry to expire.
      */
     const abandon = (key: string, member: string) => {
-      Runtime.runFork(runtime)(Effect.ignore(run(leaveScript, keysOf(key), [member])))
+      Runtime.runFork(runtime)(Effect.ignore(run(lock.leave, lock.leave.keys(key), lock.leave.args(member))))
     }
 
     const inspect = (key: string) =>
-      Effect.map(run(inspectScript, keysOf(key), []), (reply): LockBackend.KeyState => {
-        const flat = reply as Array<string | number | null>
-        const count = asNumber(flat[2])
-        const holders: Array<LockBackend.HolderState> = []
-        for (let i = 0; i < count; i++) {
-          const at = 3 + i * 6
-          holders.push({
-            holder: String(flat[at]),
-            exclusive: asNumber(flat[at + 1]),
-            shared: asNumber(flat[at + 2]),
-            permits: asNumber(flat[at + 3]),
-            fence: asNumber(flat[at + 4]),
-            ttlMs: asNumber(flat[at + 5])
-          })
-        }
-        const queue: Array<LockBackend.WaiterState> = []
-        for (let at = 3 + count * 6; at + 1 < flat.length; at += 2) {
-          queue.push({ holder: String(flat[at]), ttlMs: asNumber(flat[at + 1]) })
-        }
-        const limit = flat[1] === null || flat[1] === undefined || flat[1] === "" ? undefined : asNumber(flat[1])
-        return { key, fence: asNumber(flat[0]), limit: limit === -1 ? Infinity : limit, holders, queue }
-      })
-
-    /** A latch script's reply, or InvalidLockOptions when the key holds something else (a lock). */
-    const latchReply = (key: string, reply: unknown) =>
-      asNumber(reply) === -1
-        ? Effect.fail(new InvalidLockOptions({ field: "key", reason: `"${key}" is held by a lock, not a latch` }))
-        : Effect.succeed(asNumber(reply))
+      Effect.map(run(lock.inspect, lock.inspect.keys(key), lock.inspect.args()), (reply) => lock.inspect.decode(reply, key))
 
     return {
       clientId,
       latchSetCount: ({ count, id, key }) =>
         Effect.flatMap(
           runAcknowledged(
-            latchSetCountScript,
-            latchKeysOf(key),
-            [id, count, latchCallMemoryMs, latchChannelOf(key)],
+            latch.setCount,
+            latch.setCount.keys(key),
+            latch.setCount.args(key, id, count),
             "latch change",
-            (reply) => asNumber(reply) === 1
+            latch.setCount.wrote
           ),
-          (reply) => Effect.map(latchReply(key, reply), (set) => set === 1)
+          (reply) => latch.setCount.decode(reply, key)
         ),
       latchCountDown: ({ id, key }) =>
         Effect.flatMap(
           runAcknowledged(
-            latchCountDownScript,
-            latchKeysOf(key),
-            [id, latchCallMemoryMs, latchChannelOf(key)],
+            latch.countDown,
+            latch.countDown.keys(key),
+            latch.countDown.args(key, id),
             "latch change",
-            (reply) => asNumber(reply) !== -1
+            latch.countDown.wrote
           ),
-          (reply) => latchReply(key, reply)
+          (reply) => latch.countDown.decode(reply, key)
         ),
-      latchCount: (key) => Effect.flatMap(run(latchCountScript, latchKeysOf(key), []), (reply) => latchReply(key, reply)),
+      latchCount: (key) =>
+        Effect.flatMap(run(latch.count, latch.count.keys(key), latch.count.args()), (reply) => latch.count.decode(reply, key)),
       // a message on the latch's channel wakes every latch waiter
       latchSubscribe: (key, waiter) =>
         whileOpen(
           "latchSubscribe",
-          Effect.mapError(wakeups.subscribe(latchChannelOf(key), waiter, "latch"), (cause) =>
+          Effect.mapError(wakeups.subscribe(latch.latchChannelOf(key), waiter, "latch"), (cause) =>
             cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause }))
         ),
       acquire,
@@ -508,19 +335,25 @@ export const make = (
       inspect,
       forceRelease: ({ id, key }) =>
         Effect.map(
-          run(forceReleaseScript, keysOf(key, `lockstep_force:{${key}}:${id}`), [forceReleaseMemoryMs]),
-          (reply) => asNumber(reply) === 1
+          run(lock.forceRelease, lock.forceRelease.keys(key, id), lock.forceRelease.args()),
+          lock.forceRelease.decode
         ),
       raiseFence: ({ fence, key, leaseMs }) =>
-        Effect.asVoid(runAcknowledged(raiseFenceScript, [keysOf(key)[1]!], [fence, leaseMs], "fence raise", () => true)),
-      cancel: ({ holder, key, leaseMs }) =>
         Effect.asVoid(
-          run(cancelScript, holderKeysOf(key, holder), [holder, leaseMs, `${wakeCode(holder)}|${holder}`])
+          runAcknowledged(
+            lock.raiseFence,
+            lock.raiseFence.keys(key),
+            lock.raiseFence.args(fence, leaseMs),
+            "fence raise",
+            lock.raiseFence.wrote
+          )
         ),
+      cancel: ({ holder, key, leaseMs }) =>
+        Effect.asVoid(run(lock.cancel, lock.cancel.keys(key, holder), lock.cancel.args(holder, leaseMs))),
       subscribe: (key, holder, mode) =>
         whileOpen(
           "subscribe",
-          Effect.mapError(wakeups.subscribe(channelOf(key), holder, mode, (member) => abandon(key, member)), (cause) =>
+          Effect.mapError(wakeups.subscribe(lock.channelOf(key), holder, mode, (member) => abandon(key, member)), (cause) =>
             cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause }))
         )
     } satisfies LockBackend.Service

@@ -1,6 +1,6 @@
 /**
  * Replica acknowledgement (the `replication` tuning): the scripts that make or keep a hold (grants,
- * renewals, fence raises, latch changes) run on a connection of their own, each followed by a
+ * renewals, fence raises, latch changes) run on a connection of their duplicated, each followed by a
  * `WAIT` (or `WAITAOF`) written right after it, without waiting for the script's reply.
  *
  * `WAIT` blocks the connection it runs on until the replicas have acknowledged every write that
@@ -8,7 +8,7 @@
  * releases and the other calls stay on the commands connection, never stuck behind a `WAIT`), and
  * acknowledgements are grouped: at most one `WAIT` is in flight on it, and it covers every script
  * written before it; scripts written meanwhile share the next one, sent when that one answers.
- * With replicas missing, a call then waits for at most the `WAIT` in flight and its own, about
+ * With replicas missing, a call then waits for at most the `WAIT` in flight and its duplicated, about
  * twice the timeout, however many calls are queued (plus, per `WAIT`, up to the server's timer
  * period 1/hz, which is when it notices a timeout: 100 ms at the default hz 10).
  *
@@ -31,7 +31,8 @@ import { Data, Duration, Effect, Either } from "effect"
 import type { Cluster, Redis } from "ioredis"
 import { InvalidLockOptions } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
-import { commandTimeout, duplicateOf, isCluster, keepOpen } from "./connection.js"
+import { commandTimeout, duplicateOf, isCluster, keepOpen } from "./clients.js"
+import type { Script } from "./scripts/descriptor.js"
 
 /** What an acknowledgement confirms: a grant, a renewal, a fence raise or a latch change. */
 export type Confirmed = "grant" | "renewal" | "fence raise" | "latch change"
@@ -109,12 +110,6 @@ export const settingsOf = (tuning: Tuning | undefined): Either.Either<Settings |
   return Either.right({ replicas, timeout: Duration.millis(timeoutMs), timeoutMs, aof: aof === true })
 }
 
-/** A script as the backend keeps it. */
-export interface Source {
-  readonly lua: string
-  readonly sha: string
-}
-
 /** The replies to one script sent with an acknowledgement. */
 export interface Outcome {
   readonly reply: unknown
@@ -130,7 +125,7 @@ export interface Acknowledged {
    * attempt, say) settles as soon as it arrives.
    */
   readonly run: (
-    script: Source,
+    script: Script,
     keys: ReadonlyArray<string>,
     args: ReadonlyArray<string | number>,
     needs: (reply: unknown) => boolean
@@ -166,7 +161,7 @@ interface Ticket {
 }
 
 /** On a single server: grouped `WAIT`s, at most one in flight. */
-const onServer = (connection: Redis, settings: Settings): Acknowledged => {
+const onServer = (client: Redis, settings: Settings): Acknowledged => {
   const wait = waitCommand(settings)
   /** Scripts written so far. */
   let written = 0
@@ -192,13 +187,13 @@ const onServer = (connection: Redis, settings: Settings): Acknowledged => {
       for (const ticket of covered) ticket.settle(outcome, false)
       ask()
     }
-    connection.call(...wait).then(
+    client.call(...wait).then(
       (reply) => answered(countOf(reply)),
       (error: unknown) => answered(asError(error))
     )
   }
 
-  connection.on("close", () => {
+  client.on("close", () => {
     generation++
     waiting = false
     const lost = pending
@@ -208,7 +203,7 @@ const onServer = (connection: Redis, settings: Settings): Acknowledged => {
   })
 
   const run = (
-    script: Source,
+    script: Script,
     keys: ReadonlyArray<string>,
     args: ReadonlyArray<string | number>,
     needs: (reply: unknown) => boolean
@@ -231,8 +226,8 @@ const onServer = (connection: Redis, settings: Settings): Acknowledged => {
           }
         })
         const sent = loaded
-          ? connection.evalsha(script.sha, keys.length, ...keys, ...args)
-          : connection.eval(script.lua, keys.length, ...keys, ...args)
+          ? client.evalsha(script.sha, keys.length, ...keys, ...args)
+          : client.eval(script.lua, keys.length, ...keys, ...args)
         // right behind the script, on the same connection (or with the next group)
         ask()
         sent.then(
@@ -265,7 +260,7 @@ const onCluster = (cluster: Cluster, settings: Settings): Acknowledged => {
     })
 
   const run = async (
-    script: Source,
+    script: Script,
     keys: ReadonlyArray<string>,
     args: ReadonlyArray<string | number>,
     needs: (reply: unknown) => boolean
@@ -308,16 +303,16 @@ const onCluster = (cluster: Cluster, settings: Settings): Acknowledged => {
 export const make = (
   client: Client,
   settings: Settings,
-  watch: (connection: Client) => Effect.Effect<void, never, Scope.Scope>
+  watch: (client: Client) => Effect.Effect<void, never, Scope.Scope>
 ): Effect.Effect<Acknowledged, never, Scope.Scope> =>
   Effect.gen(function*() {
-    const connection = duplicate(client)
+    const duplicated = duplicate(client)
     // our own connection: it never prints "Unhandled error event", even after the watch ends
-    connection.on("error", () => undefined)
-    yield* watch(connection)
-    const close = keepOpen(connection)
+    duplicated.on("error", () => undefined)
+    yield* watch(duplicated)
+    const close = keepOpen(duplicated)
     yield* Effect.addFinalizer(() => Effect.sync(close))
-    return isCluster(connection) ? onCluster(connection, settings) : onServer(connection as Redis, settings)
+    return isCluster(duplicated) ? onCluster(duplicated, settings) : onServer(duplicated as Redis, settings)
   })
 
 /**

@@ -52,8 +52,8 @@ interface Channel {
   idle: ReturnType<typeof setTimeout> | undefined
 }
 
-/** What the hub needs from the subscriber connection. */
-export interface SubscriberConnection {
+/** What the hub needs from the subscriber client: its (UN)SUBSCRIBE. */
+export interface Subscriber {
   readonly subscribe: (channel: string) => Promise<unknown>
   readonly unsubscribe: (channel: string) => Promise<unknown>
 }
@@ -67,15 +67,15 @@ export const idleUnsubscribeMs = 1_000
  * unsubscribed once no waiter has used them for `idleMs` (a key that is waited on again and
  * again keeps its subscription instead of a SUBSCRIBE / UNSUBSCRIBE per wait).
  *
- * Messages (see scripts.ts): a wake code wakes the waiter it names (`-<code>`: and the `0` that
- * follows belongs to the same release; `-1`: only that); `2` every shared waiter; `0` (Redisson's
- * unlock message, or a release that knew of no registered waiter) the longest-waiting one without
- * a pending wake-up (on a latch's channel, where `0` and `1` say the count changed: every
- * waiter). A name (an older lockstep telling a fair queue's head) wakes the waiter with that
+ * Messages (see scripts/lock.ts): a wake code wakes the waiter it names (`-<code>`: and the `0`
+ * that follows belongs to the same release; `-1`: only that); `2` every shared waiter; `0`
+ * (Redisson's unlock message, or a release that knew of no registered waiter) the longest-waiting
+ * one without a pending wake-up (on a latch's channel, where `0` and `1` say the count changed:
+ * every waiter). A name (an older lockstep telling a fair queue's head) wakes the waiter with that
  * holder id.
  */
 export const makeWakeups = (
-  connection: SubscriberConnection,
+  subscriber: Subscriber,
   subscribeTimeout: (p: Promise<unknown>) => Effect.Effect<void, unknown>,
   idleMs: number = idleUnsubscribeMs
 ) => {
@@ -170,7 +170,7 @@ export const makeWakeups = (
           channel = undefined
         }
         if (channel === undefined) {
-          const ready = connection.subscribe(name)
+          const ready = subscriber.subscribe(name)
           const created: Channel = {
             waiters: new Set(),
             byCode: new Map(),
@@ -234,7 +234,7 @@ export const makeWakeups = (
     channel.idle = undefined
     if (channel.waiters.size === 0 && channels.get(name) === channel) {
       channels.delete(name)
-      connection.unsubscribe(name).catch(() => undefined)
+      subscriber.unsubscribe(name).catch(() => undefined)
     }
   }
 

@@ -1,8 +1,9 @@
 /**
- * The Lua scripts of the Redis backend. Each operation is one script, so it is atomic on the
- * server and judged on the server's clock (`TIME`). Scripts change fields in place and touch the
- * wait structures only when someone waits: an uncontended acquire and release run 10 Redis
- * commands between them (TIME, HGETALL, MGET, SET, HSET, PEXPIRE; HGETALL, DEL, SET, PUBLISH).
+ * The lock scripts of the Redis backend, each with its contract (descriptor.ts). Each operation is
+ * one script, so it is atomic on the server and judged on the server's clock (`TIME`). Scripts
+ * change fields in place and touch the wait structures only when someone waits: an uncontended
+ * acquire and release run 10 Redis commands between them (TIME, HGETALL, MGET, SET, HSET,
+ * PEXPIRE; HGETALL, DEL, SET, PUBLISH).
  *
  * Layout of a lock named K (every key shares K's cluster slot: K has no braces, the others are
  * tagged `{K}`):
@@ -47,332 +48,126 @@
  *   learns from the hash it reads anyway whether anyone waits, and an uncontended release touches
  *   no wait structure.
  */
+import { Either } from "effect"
+import type * as LockBackend from "@lockstep/core/LockBackend"
+import { forceReleaseMemoryMs } from "@lockstep/core/LockBackend"
+import { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
+import { wakeCode } from "../wakeups.js"
+import { asNumber, describe } from "./descriptor.js"
+import { base, fence, prelude, quarantine } from "./shared.js"
 
-/** What every script needs first: number formatting, the server clock, fences. */
-const prelude = `
-local P = 'lockstep|'
+// ---------------------------------------------------------------------------------------------
+// keys
+// ---------------------------------------------------------------------------------------------
 
--- Times are floats and written with %.0f: Lua 5.1 (Redis) and Lua 5.3 with 32-bit integers
--- (the Lua VM of ioredis-mock) then agree on epoch milliseconds and microseconds.
-local function fmt(n)
-  return string.format('%.0f', n)
-end
+/** The wake-up channel of lock `key`. */
+export const channelOf = (key: string) => `redisson_lock__channel:{${key}}`
 
--- The server's clock: milliseconds, and microseconds (the floor of every new fence).
-local function clock()
-  local t = redis.call('TIME')
-  local s, u = tonumber(t[1]), tonumber(t[2])
-  return s * 1000.0 + math.floor(u / 1000), s * 1000000.0 + u
-end
-`
-
-/**
- * The next fence of lock K: above the last one and never below the clock in microseconds; the
- * counter is kept a lease after the grant (and at least until the clock has passed it). One SET on
- * Redis 6.2+ (SET ... GET); a key of another type fails with WRONGTYPE and changes nothing.
- */
-const fence = `
-local function next_fence(token, now, nowUs, lease)
-  local keep = math.max(lease, math.floor(nowUs / 1000 - now) + 1)
-  local last = redis.pcall('SET', token, fmt(nowUs), 'PX', fmt(keep), 'GET')
-  if type(last) == 'table' then
-    -- a server without SET ... GET (before 6.2), or WRONGTYPE, which the GET raises again
-    last = redis.call('GET', token)
-    redis.call('SET', token, fmt(nowUs), 'PX', fmt(keep))
-  end
-  last = tonumber(last or '0') or 0
-  if last < nowUs then return nowUs end
-  local fence = last + 1
-  redis.call('SET', token, fmt(fence), 'PX', fmt(math.max(lease, math.floor(fence / 1000 - now) + 1)))
-  return fence
-end
-`
+/** The last fence issued for lock `key`. */
+const tokenOf = (key: string) => `redisson_lock_token:{${key}}`
 
 /**
- * The failover quarantine: until when this server must not make a new grant, because a lease an
- * earlier incarnation of its data may have granted (on the master it replaced, or before a
- * restart that lost data) could still be held. The server's epoch is the replication id
- * (`master_replid`): a new one after a promotion or a restart. The epoch record
- * (`<replid>|<since ms>`, one key per server) is written by the first grant of a new epoch:
- * a node that was promoted (`master_replid2` set) dates its epoch from now, since the promotion
- * time is unknown and it is no later than now; a node that never was (a restart, or a new
- * server) from its start (`uptime_in_seconds`). Each client waits `longest`, the longest lease it
- * may have granted, from there.
+ * The Redis keys of lock `key`, in the order the scripts expect them; `memo` is the key that
+ * remembers the holder (or operation) the call is about.
  */
-const quarantine = `
-local function quarantined_until(epoch, longest, now)
-  local info = redis.call('INFO', 'replication')
-  local replid = string.match(info, 'master_replid:(%w+)') or '?'
-  local record = redis.call('GET', epoch)
-  if type(record) == 'string' then
-    local id, since = string.match(record, '^(%w+)|(%d+)$')
-    if id == replid then return tonumber(since) + longest end
-  end
-  local replid2 = string.match(info, 'master_replid2:(%w+)') or '0'
-  local since = now
-  if string.match(replid2, '^0+$') then
-    -- never promoted since it started: what it may have lost, it lost at its start (uptime is
-    -- rounded down to the second, so this start is never earlier than the true one)
-    local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')) or 0
-    since = now - up * 1000
-  end
-  redis.call('SET', epoch, replid .. '|' .. fmt(since))
-  return since + longest
-end
-`
+export const keysOf = (key: string, memo = `lockstep_ended:{${key}}`) => [
+  key,
+  tokenOf(key),
+  channelOf(key),
+  `lockstep_fair:{${key}}`,
+  `lockstep_fair_ttl:{${key}}`,
+  memo,
+  `lockstep_waiters:{${key}}`,
+  `lockstep_waiting:{${key}}`,
+  `lockstep_woken:{${key}}`
+]
 
-/** Helpers of the paths where holders share a key or someone waits. */
-const base = `
--- ioredis-mock's Lua bridge only converts tables built by a constructor, so copy into one
--- (unpack is bounded by the Lua stack: larger replies go out as they are, fine on Redis)
-local function reply(t)
-  if #t <= 7000 then return { unpack(t) } end
-  return t
-end
+/** Where a holder that ended is remembered. */
+export const endedKeyOf = (key: string, holder: string) => `lockstep_ended:{${key}}:${holder}`
 
--- A pcall that failed: Redis answers { err = ... }, ioredis-mock { 'error', ... }.
-local function failed(r)
-  return type(r) == 'table' and (r.err ~= nil or r[1] == 'error')
-end
+/** The server's epoch record, which the failover quarantine keeps (one per server). */
+export const epochKey = "lockstep_epoch"
 
--- Runs a command whose arguments end with a list, in chunks the Lua stack can take.
-local function chunked(cmd, key, list)
-  for i = 1, #list, 500 do
-    redis.call(cmd, key, unpack(list, i, math.min(i + 499, #list)))
-  end
-end
+/** The keys of lock `key` that are the same on every call (`keysOf`), and the prefix of its ended keys. */
+interface KeySet {
+  readonly keys: ReadonlyArray<string>
+  readonly endedPrefix: string
+}
 
--- A key's holders from its fields: holder -> { x = exclusive count, s = shared count,
--- p = permits, f = fence, e = expiresAt (nil: a Redisson hold, which lives as long as the key) },
--- and the stored limit and waiter flag.
-local function parse(flat)
-  local hs, limit, flag = {}, nil, false
-  local function get(h)
-    local r = hs[h]
-    if r == nil then
-      r = { x = 0, s = 0, p = 0, f = 0, e = nil }
-      hs[h] = r
-    end
-    return r
-  end
-  for i = 1, #flat, 2 do
-    local f, v = flat[i], flat[i + 1]
-    if string.sub(f, 1, 9) == P then
-      local tag = string.sub(f, 10, 11)
-      if tag == 'm|' then
-        local r = get(string.sub(f, 12))
-        local bar = string.find(v, '|', 1, true)
-        r.f = tonumber(string.sub(v, 1, bar - 1))
-        r.e = tonumber(string.sub(v, bar + 1))
-      elseif tag == 's|' then
-        local r = get(string.sub(f, 12))
-        local bar = string.find(v, '|', 1, true)
-        r.s = tonumber(string.sub(v, 1, bar - 1))
-        r.p = tonumber(string.sub(v, bar + 1))
-      elseif f == P .. 'limit' then
-        limit = tonumber(v)
-      elseif f == P .. 'w' then
-        flag = true
-      end
-    else
-      get(f).x = tonumber(v)
-    end
-  end
-  return hs, limit, flag
-end
-
--- Holds without an expiry of their own are Redisson's: they live as long as the key (its PTTL,
--- read once); they are marked r.redisson.
-local function with_key_expiry(hs, key, now)
-  local keyExpiry = nil
-  for _, r in pairs(hs) do
-    if r.e == nil then
-      if keyExpiry == nil then
-        local pttl = redis.call('PTTL', key)
-        keyExpiry = now + 1e15
-        if pttl > 0 then keyExpiry = now + pttl end
-      end
-      r.e = keyExpiry
-      r.redisson = true
-    end
-  end
-  return hs
-end
-
--- The live state of key K at now: expired holds are dropped from the hash in place (and the
--- limit with the last shared hold). st.latest: the latest expiry of the live holds (the key's
--- PEXPIRE); st.redisson: a Redisson hold is among them (the key's PEXPIRE is its lease).
-local function load(key, flat, now)
-  local hs, limit, flag = parse(flat)
-  local st = { holders = {}, limit = nil, flag = flag, latest = 0, redisson = false, exists = #flat > 0, dropped = false }
-  if #flat == 0 then return st end
-  local gone = {}
-  local shared = false
-  for h, r in pairs(with_key_expiry(hs, key, now)) do
-    if r.redisson and r.x > 0 then st.redisson = true end
-    if r.e <= now or (r.x == 0 and r.s == 0) then
-      gone[#gone + 1] = h
-      gone[#gone + 1] = P .. 's|' .. h
-      gone[#gone + 1] = P .. 'm|' .. h
-      if r.x > 0 or r.s > 0 then st.dropped = true end
-    else
-      st.holders[h] = r
-      if r.s > 0 then shared = true end
-      if r.e > st.latest then st.latest = r.e end
-    end
-  end
-  if shared then st.limit = limit elseif limit ~= nil then gone[#gone + 1] = P .. 'limit' end
-  if st.latest == 0 then
-    -- nothing live is left: the key goes (a Redisson client tests for the key alone)
-    redis.call('DEL', key)
-    st.exists = false
-    st.flag = false
-  elseif #gone > 0 then
-    chunked('HDEL', key, gone)
-  end
-  return st
-end
-
--- Until when the key must live: the latest expiry of its holders; never shortened below a
--- Redisson hold's lease.
-local function expire_to(key, st, latest, now)
-  if latest > st.latest or (latest < st.latest and not st.redisson) then
-    redis.call('PEXPIRE', key, fmt(math.max(1, latest - now)))
-  end
-end
-
--- The code of a fair-queue member '<code>|<holder>' or a waiter member '<code>|...'.
-local function code_of(member)
-  return string.sub(member, 1, string.find(member, '|', 1, true) - 1)
-end
-
--- The fair queue without its expired entries (each is removed once: amortised O(log n)).
-local function prune_fair(fq, fqt, now)
-  local gone = redis.call('ZRANGEBYSCORE', fqt, '-inf', fmt(now))
-  if #gone > 0 then
-    chunked('ZREM', fqt, gone)
-    chunked('ZREM', fq, gone)
-  end
-end
-
--- Scores of many members in one command where the server has ZMSCORE (Redis 6.2+).
-local function zmscore(key, members)
-  local r = redis.pcall('ZMSCORE', key, unpack(members))
-  if not failed(r) then return r end
-  local out = {}
-  for i, m in ipairs(members) do out[i] = redis.call('ZSCORE', key, m) end
-  return out
-end
-
--- Keeps the wait structures (and the sentinel that says someone may wait) at least ttl ms.
-local function keep_waiting(sentinel, keys, ttl)
-  local cur = redis.call('PTTL', sentinel)
-  if cur < ttl then
-    redis.call('SET', sentinel, '1', 'PX', fmt(ttl))
-  else
-    ttl = cur
-  end
-  for _, k in ipairs(keys) do redis.call('PEXPIRE', k, fmt(ttl)) end
-end
-
--- What the live holds leave to waiters: free (no live hold), writer (a live exclusive hold is
--- left) and taken (the live shared permits), in the order wake takes them.
-local function left_by(holders)
-  local writer, taken = false, 0
-  for _, r in pairs(holders) do
-    if r.x > 0 then writer = true end
-    if r.s > 0 then taken = taken + r.p end
-  end
-  return next(holders) == nil, writer, taken
-end
-
--- How long a woken waiter's place is kept for it (ms): it tries at once, so this only bounds how
--- long one that crashed (or lost its wake-up) holds back the wake-ups of others.
-local woken_ms = 2000
-
--- Wakes the waiters that can win now, after holds ended. zero: the key was freed and Redisson's
--- unlock message '0' follows; free, writer, taken: see left_by. The fair queue's head is told by its code; unfair
--- waiters are taken out of their set: the first exclusive one if the key is free, else the
--- shared ones that fit, where the places of waiters woken before that have yet to try (rq)
--- count as taken. Returns whether anyone may still wait.
-local function wake(channel, fq, fqt, wq, rq, sentinel, now, zero, free, writer, taken)
-  local codes = {}
-  prune_fair(fq, fqt, now)
-  local head = redis.call('ZRANGE', fq, 0, 0)[1]
-  if head then codes[#codes + 1] = code_of(head) end
-  redis.call('ZREMRANGEBYSCORE', wq, '-inf', fmt(now))
-  redis.call('ZREMRANGEBYSCORE', rq, '-inf', fmt(now))
-  local pending = redis.call('ZRANGE', rq, 0, -1)
-  for _, m in ipairs(pending) do
-    local mode, p = string.match(m, '^%d+|(%a)|(%d+)|')
-    free = false
-    if mode == 'x' then writer = true elseif p ~= nil then taken = taken + tonumber(p) end
-  end
-  local scan = 64
-  local entries = redis.call('ZRANGE', wq, 0, scan - 1)
-  local woken, used, everyShared = {}, 0, false
-  for _, m in ipairs(entries) do
-    local c, mode, p, l = string.match(m, '^(%d+)|(%a)|(%d+)|(%-?%d+)$')
-    if c ~= nil then
-      p, l = tonumber(p), tonumber(l)
-      if mode == 'x' then
-        if free and #woken == 0 then
-          woken[1] = m
-          codes[#codes + 1] = c
-          break
-        end
-      elseif not writer then
-        if l < 0 then
-          woken[#woken + 1] = m
-          codes[#codes + 1] = c
-          everyShared = true
-        elseif taken + used + p <= l then
-          woken[#woken + 1] = m
-          codes[#codes + 1] = c
-          used = used + p
-          if taken + used >= l then break end
-        end
-      end
-    end
-  end
-  if #woken > 0 then chunked('ZREM', wq, woken) end
-  local rest = #entries > #woken or #entries == scan
-  if #woken > 0 and rest then
-    -- places are kept only while others wait: those a later release would wake instead
-    local places = {}
-    for _, m in ipairs(woken) do
-      places[#places + 1] = fmt(now + woken_ms)
-      places[#places + 1] = m
-    end
-    redis.call('ZADD', rq, unpack(places))
-    -- the sentinel outlives the places: their waiters' tries then take them out
-    keep_waiting(sentinel, { rq }, woken_ms)
-  end
-  -- unlimited readers beyond the scan: every shared waiter retries
-  if everyShared and #entries == scan then codes[#codes + 1] = '2' end
-  -- no lockstep waiter to wake: '-1' says the '0' (for Redisson's waiters) is not for lockstep's
-  if zero and #codes == 0 then codes[1] = '1' end
-  for i, c in ipairs(codes) do
-    if zero and i == #codes then c = '-' .. c end
-    redis.call('PUBLISH', channel, c)
-  end
-  if zero then redis.call('PUBLISH', channel, '0') end
-  return head ~= nil or rest or #pending > 0
-end
-`
+/** Lock keys whose `KeySet` is kept; past that many, the cache starts over. */
+const keySetsKept = 4096
+const keySets = new Map<string, KeySet>()
 
 /**
- * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
- * woken, and with a quarantine the server's epoch record.
- * ARGV: holder, mode ('x' | 's'), permits, limit (-1: unlimited), leaseMs, fair ('1' | '0'),
- * waiterTtlMs, count (the holder's count in that mode once granted), wake code, register ('1':
- * the holder waits on a subscription; a denied unfair attempt registers it as a waiter), the
- * quarantine's longest lease (0: no quarantine; a new grant waits while it lasts).
- * Returns {1, fence, count} granted, {0, retryAfterMs} denied, {2} upgrade refused,
- * {3, storedLimit} limit mismatch, {4} permits over the limit, {5} not held (a re-entry into a
- * hold that is gone, or a late copy from a holder that ended).
+ * The `KeySet` of `key`, built once and kept: acquire and release name the same eight keys of a
+ * lock on every call (and a ninth, the holder's), which are not built again for each call.
  */
-export const acquire = `${prelude}${fence}${quarantine}
+const keySetOf = (key: string): KeySet => {
+  let set = keySets.get(key)
+  if (set === undefined) {
+    if (keySets.size >= keySetsKept) keySets.clear()
+    set = { keys: keysOf(key), endedPrefix: `lockstep_ended:{${key}}:` }
+    keySets.set(key, set)
+  }
+  return set
+}
+
+/** `keysOf(key, endedKeyOf(key, holder))`, from the kept `KeySet`. */
+const holderKeysOf = (key: string, holder: string): Array<string> => {
+  const { endedPrefix, keys } = keySetOf(key)
+  return [keys[0]!, keys[1]!, keys[2]!, keys[3]!, keys[4]!, endedPrefix + holder, keys[6]!, keys[7]!, keys[8]!]
+}
+
+/** `mode` as the scripts write it. */
+const modeOf = (mode: LockBackend.HoldMode): "x" | "s" => mode === "exclusive" ? "x" : "s"
+
+/** A limit as the scripts take it (-1: unlimited). */
+const limitOf = (limit: number): number => limit === Infinity ? -1 : limit
+
+/**
+ * The entry of a subscribed unfair waiter in the waiters set, as acquire writes it on a denial
+ * (`<code>|<x|s>|<permits>|<limit>`): a release that wakes it takes it out, and so does leave.
+ */
+export const waiterMember = (request: LockBackend.AcquireRequest, code: string): string =>
+  `${code}|${modeOf(request.mode)}|${request.permits}|${limitOf(request.limit)}`
+
+/** The entry of `holder` in the fair queue (`<code>|<holder>`). */
+const fairMember = (holder: string): string => `${wakeCode(holder)}|${holder}`
+
+const noArgs: ReadonlyArray<string | number> = []
+
+// ---------------------------------------------------------------------------------------------
+// the errors replies stand for (each made here only)
+// ---------------------------------------------------------------------------------------------
+
+const notHeld = (key: string, holder: string) => new NotHeld({ key, holder })
+
+const upgradeRefused = (key: string, holder: string) => new LockUpgradeNotSupported({ key, holder })
+
+const limitMismatch = (request: LockBackend.AcquireRequest, stored: unknown) =>
+  new InvalidLockOptions({
+    field: "limit",
+    reason: `"${request.key}" is held with limit ${
+      asNumber(stored) === -1 ? "unlimited" : stored
+    }, the request names ${request.limit}`
+  })
+
+const permitsOverLimit = (request: LockBackend.AcquireRequest) =>
+  new InvalidLockOptions({
+    field: "permits",
+    reason: `${request.permits} permits exceed the limit ${request.limit}`
+  })
+
+const unexpectedReply = (reply: unknown) => new Error(`unexpected reply ${String(reply)}`)
+
+/** A renewal's own error reply (a key of another type, say). */
+const renewFailed = (answer: string) => new BackendError({ operation: "renew", cause: new Error(answer) })
+
+// ---------------------------------------------------------------------------------------------
+// scripts
+// ---------------------------------------------------------------------------------------------
+
+const acquireLua = `${prelude}${fence}${quarantine}
 local key, token, channel, fq, fqt, ended, wq, sentinel, rq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local holder, excl = ARGV[1], ARGV[2] == 'x'
 local permits, limit, lease = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -556,14 +351,77 @@ return {0, fmt(retry)}
 `
 
 /**
+ * A hold of `request.key` for `request.holder`, or how long to wait.
  * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
- * woken.
- * ARGV: holder, mode ('x' | 's'), count (the holder's count in that mode before the release),
- * leaseMs (how long an ended holder is remembered).
- * Returns the remaining count for that mode, or -1 when the holder holds nothing (and did not
- * just end: a copy of its last release answers 0 again).
+ * woken, and with a quarantine the server's epoch record.
+ * ARGV: holder, mode ('x' | 's'), permits, limit (-1: unlimited), leaseMs, fair ('1' | '0'),
+ * waiterTtlMs, count (the holder's count in that mode once granted), wake code, register ('1':
+ * the holder waits on a subscription; a denied unfair attempt registers it as a waiter), the
+ * quarantine's longest lease (0: no quarantine; a new grant waits while it lasts).
+ * Reply: {1, fence, count} granted, {0, retryAfterMs} denied, {2} upgrade refused,
+ * {3, storedLimit} limit mismatch, {4} permits over the limit, {5} not held (a re-entry into a
+ * hold that is gone, or a late copy from a holder that ended). A grant is what the replicas
+ * acknowledge.
  */
-export const release = `${prelude}
+export const acquire = describe("acquire", acquireLua, {
+  /** `longestLease`: the quarantine's, if any. */
+  keys: (key: string, holder: string, longestLease: number | undefined): Array<string> => {
+    const keys = holderKeysOf(key, holder)
+    if (longestLease !== undefined) keys.push(epochKey)
+    return keys
+  },
+  args: (
+    request: LockBackend.AcquireRequest,
+    code: string,
+    register: boolean,
+    longestLease: number | undefined
+  ): Array<string | number> => {
+    const args: Array<string | number> = [
+      request.holder,
+      modeOf(request.mode),
+      request.permits,
+      limitOf(request.limit),
+      request.leaseMs,
+      request.fair ? "1" : "0",
+      request.waiterTtlMs,
+      request.count,
+      code,
+      register ? "1" : "0"
+    ]
+    if (longestLease !== undefined) args.push(longestLease)
+    return args
+  },
+  /** `fail`: the BackendError of an acquire that failed for `cause`. */
+  decode: (
+    reply: unknown,
+    request: LockBackend.AcquireRequest,
+    fail: (cause: Error) => BackendError
+  ): Either.Either<
+    LockBackend.AcquireResult,
+    BackendError | InvalidLockOptions | LockUpgradeNotSupported | NotHeld
+  > => {
+    const [status, a, b] = reply as [number, number?, number?]
+    switch (status) {
+      case 1:
+        return Either.right({ _tag: "Granted", fence: asNumber(a), count: asNumber(b) })
+      case 0:
+        return Either.right({ _tag: "Denied", retryAfterMs: asNumber(a) })
+      case 2:
+        return Either.left(upgradeRefused(request.key, request.holder))
+      case 3:
+        return Either.left(limitMismatch(request, a))
+      case 4:
+        return Either.left(permitsOverLimit(request))
+      case 5:
+        return Either.left(notHeld(request.key, request.holder))
+      default:
+        return Either.left(fail(unexpectedReply(reply)))
+    }
+  },
+  wrote: (reply: unknown): boolean => Array.isArray(reply) && Number(reply[0]) === 1
+})
+
+const releaseLua = `${prelude}
 local key, channel, fq, fqt, ended, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local holder, excl, count, lease = ARGV[1], ARGV[2] == 'x', tonumber(ARGV[3]), tonumber(ARGV[4])
 local flat = redis.call('HGETALL', key)
@@ -706,11 +564,27 @@ return remaining
 `
 
 /**
- * KEYS: the K of each request, in order. ARGV: for each request, holder and leaseMs.
- * Returns per request 1 (renewed), 0 (not held) or the error that request met (a key of another
- * type, say), so one bad key does not fail the others. Touches only the holder's own fields.
+ * One hold of `request.holder` in `request.mode` less.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
+ * woken.
+ * ARGV: holder, mode ('x' | 's'), count (the holder's count in that mode before the release),
+ * leaseMs (how long an ended holder is remembered).
+ * Reply: the remaining count for that mode, or -1 when the holder holds nothing (and did not
+ * just end: a copy of its last release answers 0 again).
  */
-export const renew = `${prelude}${base}
+export const release = describe("release", releaseLua, {
+  keys: (key: string, holder: string): Array<string> => holderKeysOf(key, holder),
+  args: (request: LockBackend.ReleaseRequest): Array<string | number> => [
+    request.holder,
+    modeOf(request.mode),
+    request.count,
+    request.leaseMs
+  ],
+  decode: (reply: unknown, request: LockBackend.ReleaseRequest): Either.Either<number, NotHeld> =>
+    asNumber(reply) < 0 ? Either.left(notHeld(request.key, request.holder)) : Either.right(asNumber(reply))
+})
+
+const renewLua = `${prelude}${base}
 local now = clock()
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -735,11 +609,37 @@ return reply(out)
 `
 
 /**
- * KEYS: K, token, channel, fair queue, fair expiries, ended (unused), waiters, sentinel, woken.
- * Reads only. Returns {fence, limit or '', holder count, holders as flat {holder, x, s, p, f, ttl}...,
- * queue as flat {holder, ttl}...} with the queue in arrival order.
+ * The leases of a batch of holds (`requests` at `indexes`: all in one cluster slot). Touches only
+ * each holder's own fields.
+ * KEYS: the K of each request, in order.
+ * ARGV: for each request, holder and leaseMs.
+ * Reply: per request 1 (renewed), 0 (not held) or the error that request met (a key of another
+ * type, say), so one bad key does not fail the others. A renewal is what the replicas acknowledge.
  */
-export const inspect = `${prelude}${base}
+export const renew = describe("renew", renewLua, {
+  keys: (requests: ReadonlyArray<LockBackend.RenewRequest>, indexes: ReadonlyArray<number>): Array<string> =>
+    indexes.map((i) => requests[i]!.key),
+  args: (requests: ReadonlyArray<LockBackend.RenewRequest>, indexes: ReadonlyArray<number>): Array<string | number> =>
+    indexes.flatMap((i) => [requests[i]!.holder, requests[i]!.leaseMs]),
+  /**
+   * The result of the `j`th request of the batch; `notAcknowledged`: the error of renewals the
+   * replicas did not acknowledge, if so (each such lease keeps the deadline it had; a "not held"
+   * needs no acknowledgement: the lease is lost).
+   */
+  decode: (reply: unknown, j: number, notAcknowledged: BackendError | undefined): LockBackend.RenewResult => {
+    const answer = (reply as Array<number | string>)[j]
+    return typeof answer === "string"
+      // this lease's own error: the others are unaffected
+      ? Either.left(renewFailed(answer))
+      : answer === 1 && notAcknowledged !== undefined
+      ? Either.left(notAcknowledged)
+      : Either.right(answer === 1)
+  },
+  /** Whether at least one lease was renewed. */
+  wrote: (reply: unknown): boolean => Array.isArray(reply) && reply.some((answer) => answer === 1)
+})
+
+const inspectLua = `${prelude}${base}
 local key, token, fq, fqt = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
 local now = clock()
 local hs, limit = parse(redis.call('HGETALL', key))
@@ -774,13 +674,40 @@ return reply(out)
 `
 
 /**
- * KEYS: K, token, channel, fair queue, fair expiries, the operation's memory, waiters, sentinel,
- * woken.
- * ARGV: how long the operation is remembered (ms). Drops every holder (remembered as ended until
- * their holds would have expired); 1 if anything was held. A second copy of the same operation
- * changes nothing and answers as the first.
+ * What lock `key` holds and who waits for it; reads only.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (unused), waiters, sentinel, woken.
+ * ARGV: none.
+ * Reply: {fence, limit or '', holder count, holders as flat {holder, x, s, p, f, ttl}...,
+ * queue as flat {holder, ttl}...} with the queue in arrival order.
  */
-export const forceRelease = `${prelude}${base}
+export const inspect = describe("inspect", inspectLua, {
+  keys: (key: string): Array<string> => keysOf(key),
+  args: (): ReadonlyArray<string | number> => noArgs,
+  decode: (reply: unknown, key: string): LockBackend.KeyState => {
+    const flat = reply as Array<string | number | null>
+    const count = asNumber(flat[2])
+    const holders: Array<LockBackend.HolderState> = []
+    for (let i = 0; i < count; i++) {
+      const at = 3 + i * 6
+      holders.push({
+        holder: String(flat[at]),
+        exclusive: asNumber(flat[at + 1]),
+        shared: asNumber(flat[at + 2]),
+        permits: asNumber(flat[at + 3]),
+        fence: asNumber(flat[at + 4]),
+        ttlMs: asNumber(flat[at + 5])
+      })
+    }
+    const queue: Array<LockBackend.WaiterState> = []
+    for (let at = 3 + count * 6; at + 1 < flat.length; at += 2) {
+      queue.push({ holder: String(flat[at]), ttlMs: asNumber(flat[at + 1]) })
+    }
+    const limit = flat[1] === null || flat[1] === undefined || flat[1] === "" ? undefined : asNumber(flat[1])
+    return { key, fence: asNumber(flat[0]), limit: limit === -1 ? Infinity : limit, holders, queue }
+  }
+})
+
+const forceReleaseLua = `${prelude}${base}
 local key, channel, fq, fqt, applied, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local memory = tonumber(ARGV[1])
 -- a copy answers as the first delivery did
@@ -804,11 +731,20 @@ return held
 `
 
 /**
- * KEYS: token. ARGV: fence, leaseMs. The last fence issued becomes at least the given one, kept as
- * a new fence is (a lease, and until the clock in microseconds has passed it); a lower or equal
- * fence changes nothing, so a copy changes nothing either.
+ * Drops every holder of lock `key` (each remembered as ended until its holds would have expired).
+ * A second copy of the same operation (`id`) changes nothing and answers as the first.
+ * KEYS: K, token, channel, fair queue, fair expiries, the operation's memory, waiters, sentinel,
+ * woken.
+ * ARGV: how long the operation is remembered (ms).
+ * Reply: 1 if anything was held, else 0.
  */
-export const raiseFence = `${prelude}
+export const forceRelease = describe("forceRelease", forceReleaseLua, {
+  keys: (key: string, id: string): Array<string> => keysOf(key, `lockstep_force:{${key}}:${id}`),
+  args: (): Array<string | number> => [forceReleaseMemoryMs],
+  decode: (reply: unknown): boolean => asNumber(reply) === 1
+})
+
+const raiseFenceLua = `${prelude}
 local token = KEYS[1]
 local fence, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = clock()
@@ -820,12 +756,20 @@ return 1
 `
 
 /**
- * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
- * woken.
- * ARGV: holder, leaseMs, the holder's fair-queue member. Leaves the fair queue (a waiter that is
- * not a holder is remembered as ended for leaseMs); tells the new head.
+ * The last fence issued becomes at least the given one, kept as a new fence is (a lease, and until
+ * the clock in microseconds has passed it); a lower or equal fence changes nothing, so a copy
+ * changes nothing either.
+ * KEYS: token.
+ * ARGV: fence, leaseMs.
+ * Reply: 1 (not read). Every raise is what the replicas acknowledge.
  */
-export const cancel = `${prelude}${base}
+export const raiseFence = describe("raiseFence", raiseFenceLua, {
+  keys: (key: string): Array<string> => [tokenOf(key)],
+  args: (fence: number, leaseMs: number): Array<string | number> => [fence, leaseMs],
+  wrote: (): boolean => true
+})
+
+const cancelLua = `${prelude}${base}
 local key, channel, fq, fqt, ended = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local holder, lease, fm = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local now = clock()
@@ -844,12 +788,19 @@ return 0
 `
 
 /**
- * KEYS: K, token, channel, fair queue, fair expiries, ended (unused), waiters, sentinel, woken.
- * ARGV: the waiter's member in the waiters set. A registered waiter that gives up without a grant
- * leaves the set; if a release had already taken it out (a wake-up was on its way to it), the
- * wake-up goes on to the waiters that can win now.
+ * Leaves the fair queue (a waiter that is not a holder is remembered as ended for leaseMs); tells
+ * the new head.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
+ * woken.
+ * ARGV: holder, leaseMs, the holder's fair-queue member.
+ * Reply: 0 (not read).
  */
-export const leave = `${prelude}${base}
+export const cancel = describe("cancel", cancelLua, {
+  keys: (key: string, holder: string): Array<string> => holderKeysOf(key, holder),
+  args: (holder: string, leaseMs: number): Array<string | number> => [holder, leaseMs, fairMember(holder)]
+})
+
+const leaveLua = `${prelude}${base}
 local key, channel, fq, fqt, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9]
 if redis.call('ZREM', wq, ARGV[1]) == 1 then return 0 end
 if redis.call('EXISTS', sentinel) == 0 then return 0 end
@@ -863,53 +814,14 @@ return 1
 `
 
 /**
- * The latch scripts. KEYS: K (the count, a string: Redisson's RCountDownLatch layout), the applied
- * calls (a hash id -> 1, kept for ARGV memory ms after its last write). A latch call on a key of
- * another type (a lock's hash) answers -1. The channel (Redisson's) is named by the caller.
+ * A registered waiter that gives up without a grant leaves the waiters set; if a release had
+ * already taken it out (a wake-up was on its way to it), the wake-up goes on to the waiters that
+ * can win now.
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (unused), waiters, sentinel, woken.
+ * ARGV: the waiter's member in the waiters set (`waiterMember`).
+ * Reply: 0 or 1 (not read).
  */
-const latchPrelude = `
-local key, applied = KEYS[1], KEYS[2]
-local kind = redis.call('TYPE', key)
--- a status reply (a table) from Redis; some emulators answer with the bare string
-if type(kind) == 'table' then kind = kind['ok'] end
-if kind ~= 'none' and kind ~= 'string' then return -1 end
-`
-
-/**
- * ARGV: call id, count, memory ms, channel. Sets the count when the latch is at 0 (the key absent);
- * 1 if set (or a copy of a call that set it), 0 if a count is set. Publishes Redisson's new-count
- * message (1).
- */
-export const latchSetCount = `${latchPrelude}
-if redis.call('HEXISTS', applied, ARGV[1]) == 1 then return 1 end
-if kind == 'string' then return 0 end
-redis.call('SET', key, ARGV[2])
-redis.call('HSET', applied, ARGV[1], 1)
-redis.call('PEXPIRE', applied, ARGV[3])
-redis.call('PUBLISH', ARGV[4], '1')
-return 1
-`
-
-/**
- * ARGV: call id, memory ms, channel. One off the count; the count after. A copy of an applied call
- * changes nothing. Reaching 0 deletes the key and publishes Redisson's zero message (0).
- */
-export const latchCountDown = `${latchPrelude}
-if kind == 'none' then return 0 end
-if redis.call('HEXISTS', applied, ARGV[1]) == 1 then return tonumber(redis.call('GET', key)) end
-local left = redis.call('DECR', key)
-redis.call('HSET', applied, ARGV[1], 1)
-redis.call('PEXPIRE', applied, ARGV[2])
-if left <= 0 then
-  redis.call('DEL', key)
-  redis.call('PUBLISH', ARGV[3], '0')
-  return 0
-end
-return left
-`
-
-/** The count, 0 when the key is absent. */
-export const latchCount = `${latchPrelude}
-if kind == 'none' then return 0 end
-return tonumber(redis.call('GET', key))
-`
+export const leave = describe("leave", leaveLua, {
+  keys: (key: string): Array<string> => keysOf(key),
+  args: (member: string): Array<string | number> => [member]
+})

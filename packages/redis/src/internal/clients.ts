@@ -1,8 +1,11 @@
 /**
- * The connections of a Redis backend as seen from the outside: where they go (the endpoint, named
- * in every BackendError), what they last reported (the last connection error ioredis emitted, kept
- * per connection from its 'error' event until 'ready'), and outages (logged once each, not once
- * per failing call). Also the opening of the connections `layerFrom` owns, with its URL check.
+ * The ioredis clients of a Redis backend (`Client`: each one connection to a server, or a
+ * cluster's): the opening of the one `layerFrom` owns from a `Connection`, with its URL check; the
+ * backend's own duplicates (the subscriber, the acknowledged connection); and the `ClientTracker`,
+ * which follows them as seen from the outside: where they go (the endpoint, named in every
+ * BackendError), what they last reported (the last connection error ioredis emitted, kept per
+ * client from its 'error' event until 'ready'), and outages (logged once each, not once per
+ * failing call).
  */
 import type { Scope } from "effect"
 import { Duration, Effect, Either, Queue } from "effect"
@@ -436,7 +439,7 @@ export const open = (connection: Connection): Effect.Effect<Client, BackendError
             ? new Redis({ ...sentinelDefaults, ...connection, sentinels: connection.sentinels!.map((s) => ({ ...s })) })
             : new Redis({ maxRetriesPerRequest: 2, disconnectTimeout, ...connection })
           // a connection of our own that nobody else sees: it never prints "Unhandled error event",
-          // even after the backend's tracking listener is gone
+          // even after the backend's tracker stops listening
           client.on("error", () => undefined)
           return { client, close: keepOpen(client) }
         },
@@ -547,15 +550,15 @@ export const whenNotHandshaking = <A>(subscriber: Client, command: () => Promise
 }
 
 // ---------------------------------------------------------------------------------------------
-// tracking
+// the client tracker
 // ---------------------------------------------------------------------------------------------
 
 type Event =
   | { readonly _tag: "Lost"; readonly detail: string }
   | { readonly _tag: "Reconnected" }
 
-/** The connections of one backend, as `track` sees them. */
-export interface Tracker {
+/** The clients of one backend, as `track` follows them. */
+export interface ClientTracker {
   /** Where the backend connects, as named in its errors and logs. */
   readonly endpoint: string
   /**
@@ -615,7 +618,7 @@ export interface Tracker {
  * Tracks `client` (as the commands connection) in the scope; further connections of the same
  * backend (the subscriber) join with `watch`.
  */
-export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, never, Scope.Scope> =>
+export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTracker, never, Scope.Scope> =>
   Effect.gen(function*() {
     const endpoint = describeEndpoint(client)
     const timeout = commandTimeout(tuning)
@@ -685,9 +688,9 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
 
     const detailOf = (cause: unknown, role: Role): string => {
       const own = describeError(cause)
-      const connection = lastError.get(role)?.text
-      if (connection === undefined) return own
-      return connection === own || isGivingUp(cause) ? connection : `${connection} (${own})`
+      const reported = lastError.get(role)?.text
+      if (reported === undefined) return own
+      return reported === own || isGivingUp(cause) ? reported : `${reported} (${own})`
     }
 
     const fail = (operation: string, cause: unknown, role: Role = "commands") =>
@@ -805,5 +808,5 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<Tracker, n
       }),
       ping: Effect.asVoid(call("connect", () => client.ping())),
       report
-    } satisfies Tracker
+    } satisfies ClientTracker
   })
