@@ -284,8 +284,8 @@ const issueFence = (key: Key, now: number, leaseMs: number): Key => {
 }
 
 /**
- * The refusal of a shared request whose `limit` differs from the one the key is held with
- * (`undefined`: the holder named none).
+ * The refusal of a shared request whose `limit` differs from the one the key is held with (an
+ * infinite limit, a read lock's, reads "unlimited").
  *
  * @example
  * ```ts
@@ -298,11 +298,13 @@ const issueFence = (key: Key, now: number, leaseMs: number): Key => {
  * @since 0.1.0
  * @category errors
  */
-export const limitMismatch = (key: string, heldLimit: number | undefined, requestedLimit: number): InvalidLockOptions =>
+export const limitMismatch = (key: string, heldLimit: number, requestedLimit: number): InvalidLockOptions =>
   new InvalidLockOptions({
     field: "limit",
-    reason: `"${key}" is held with limit ${heldLimit ?? "unlimited"}, the request names limit ${requestedLimit}`
+    reason: `"${key}" is held with limit ${limitText(heldLimit)}, the request names limit ${limitText(requestedLimit)}`
   })
+
+const limitText = (limit: number): string => (Number.isFinite(limit) ? String(limit) : "unlimited")
 
 /**
  * The refusal of a shared request for more permits than its limit: it could never be granted.
@@ -319,7 +321,7 @@ export const limitMismatch = (key: string, heldLimit: number | undefined, reques
  * @category errors
  */
 export const permitsExceedLimit = (key: string, permits: number, limit: number): InvalidLockOptions =>
-  new InvalidLockOptions({ field: "permits", reason: `${permits} permits exceed the limit ${limit} of "${key}"` })
+  new InvalidLockOptions({ field: "permits", reason: `${permits} permits exceed the limit ${limitText(limit)} of "${key}"` })
 
 /**
  * The refusal of a latch call on a key that a lock holds.

@@ -8,7 +8,8 @@
  */
 import { Either } from "effect"
 import { latchCallMemoryMs } from "@lockstep/core/LockBackend"
-import { InvalidLockOptions } from "@lockstep/core/LockError"
+import type { InvalidLockOptions } from "@lockstep/core/LockError"
+import * as Rules from "@lockstep/core/Rules"
 import { asNumber, describe } from "./descriptor.js"
 
 /** The keys of latch `key`: its count (Redisson's layout) and the calls applied to it. */
@@ -20,7 +21,7 @@ export const latchChannelOf = (key: string) => `redisson_countdownlatch__channel
 const noArgs: ReadonlyArray<string | number> = []
 
 /** The error of a latch call on a key that holds something else (made here only). */
-const heldByLock = (key: string) => new InvalidLockOptions({ field: "key", reason: `"${key}" is held by a lock, not a latch` })
+const heldByLock = Rules.notALatch
 
 /** A latch script's reply (a number), or InvalidLockOptions when the key holds something else (-1). */
 const decodeCount = (reply: unknown, key: string): Either.Either<number, InvalidLockOptions> =>

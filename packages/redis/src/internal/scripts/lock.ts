@@ -51,7 +51,9 @@
 import { Either } from "effect"
 import type * as LockBackend from "@lockstep/core/LockBackend"
 import { forceReleaseMemoryMs } from "@lockstep/core/LockBackend"
-import { BackendError, InvalidLockOptions, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
+import type { InvalidLockOptions } from "@lockstep/core/LockError"
+import { BackendError, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
+import * as Rules from "@lockstep/core/Rules"
 import { wakeCode } from "../wakeups.js"
 import { asNumber, describe } from "./descriptor.js"
 import { base, fence, prelude, quarantine } from "./shared.js"
@@ -144,19 +146,12 @@ const notHeld = (key: string, holder: string) => new NotHeld({ key, holder })
 
 const upgradeRefused = (key: string, holder: string) => new LockUpgradeNotSupported({ key, holder })
 
+/** `stored` is the limit the key is held with; -1 stands for an infinite one (a read lock's). */
 const limitMismatch = (request: LockBackend.AcquireRequest, stored: unknown) =>
-  new InvalidLockOptions({
-    field: "limit",
-    reason: `"${request.key}" is held with limit ${
-      asNumber(stored) === -1 ? "unlimited" : stored
-    }, the request names ${request.limit}`
-  })
+  Rules.limitMismatch(request.key, asNumber(stored) === -1 ? Infinity : asNumber(stored), request.limit)
 
 const permitsOverLimit = (request: LockBackend.AcquireRequest) =>
-  new InvalidLockOptions({
-    field: "permits",
-    reason: `${request.permits} permits exceed the limit ${request.limit}`
-  })
+  Rules.permitsExceedLimit(request.key, request.permits, request.limit)
 
 const unexpectedReply = (reply: unknown) => new Error(`unexpected reply ${String(reply)}`)
 
@@ -744,14 +739,12 @@ export const forceRelease = describe("forceRelease", forceReleaseLua, {
   decode: (reply: unknown): boolean => asNumber(reply) === 1
 })
 
-const raiseFenceLua = `${prelude}
+const raiseFenceLua = `${prelude}${fence}
 local token = KEYS[1]
 local fence, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = clock()
 local last = tonumber(redis.call('GET', token) or '0') or 0
-if fence > last then
-  redis.call('SET', token, fmt(fence), 'PX', fmt(math.max(lease, math.floor(fence / 1000 - now) + 1)))
-end
+if fence > last then keep_fence(token, fence, now, lease) end
 return 1
 `
 

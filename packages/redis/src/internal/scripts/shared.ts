@@ -22,11 +22,15 @@ end
 `
 
 /**
- * The next fence of lock K: above the last one and never below the clock in microseconds; the
- * counter is kept a lease after the grant (and at least until the clock has passed it). One SET on
- * Redis 6.2+ (SET ... GET); a key of another type fails with WRONGTYPE and changes nothing.
+ * The fence rules of `Rules.nextFence` and `Rules.fenceRememberedUntil`, on the token key. The next
+ * fence of lock K: above the last one and never below the clock in microseconds; the counter is
+ * kept a lease after the grant (and at least until the clock has passed it): `keep_fence`. One SET
+ * on Redis 6.2+ (SET ... GET); a key of another type fails with WRONGTYPE and changes nothing.
  */
 export const fence = `
+local function keep_fence(token, fence, now, lease)
+  redis.call('SET', token, fmt(fence), 'PX', fmt(math.max(lease, math.floor(fence / 1000 - now) + 1)))
+end
 local function next_fence(token, now, nowUs, lease)
   local keep = math.max(lease, math.floor(nowUs / 1000 - now) + 1)
   local last = redis.pcall('SET', token, fmt(nowUs), 'PX', fmt(keep), 'GET')
@@ -38,7 +42,7 @@ local function next_fence(token, now, nowUs, lease)
   last = tonumber(last or '0') or 0
   if last < nowUs then return nowUs end
   local fence = last + 1
-  redis.call('SET', token, fmt(fence), 'PX', fmt(math.max(lease, math.floor(fence / 1000 - now) + 1)))
+  keep_fence(token, fence, now, lease)
   return fence
 end
 `
