@@ -133,6 +133,65 @@ const describeSentinelRound = (last: string | undefined): string =>
     : `All sentinels are unreachable (last error: ${last})`
 
 /**
+ * The codes of a TLS handshake that failed on the server's certificate (Node's and OpenSSL's):
+ * no retry can fix those, so a connection that reports one while the layer checks it fails the
+ * layer at once.
+ */
+const CERTIFICATE_ERRORS: ReadonlySet<string> = new Set([
+  "ERR_TLS_CERT_ALTNAME_INVALID",
+  "DEPTH_ZERO_SELF_SIGNED_CERT",
+  "SELF_SIGNED_CERT_IN_CHAIN",
+  "UNABLE_TO_GET_ISSUER_CERT",
+  "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+  "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+  "UNABLE_TO_DECRYPT_CERT_SIGNATURE",
+  "UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY",
+  "CERT_SIGNATURE_FAILURE",
+  "CERT_NOT_YET_VALID",
+  "CERT_HAS_EXPIRED",
+  "CERT_REVOKED",
+  "CERT_UNTRUSTED",
+  "CERT_REJECTED",
+  "INVALID_CA",
+  "INVALID_PURPOSE",
+  "PATH_LENGTH_EXCEEDED",
+  "HOSTNAME_MISMATCH"
+])
+
+/** Whether `error` (or, for a cluster, the last error of a node) is a certificate the client refused. */
+export const isCertificateError = (error: unknown): boolean => {
+  if (!(error instanceof Error)) return false
+  if ("code" in error && typeof error.code === "string" && CERTIFICATE_ERRORS.has(error.code)) return true
+  return "lastNodeError" in error && isCertificateError(error.lastNodeError)
+}
+
+/**
+ * Node's message for a certificate issued for other names ends with the names that match the host
+ * ("... is not in the cert's list: "), empty when none is of its kind (no IP address for an IP):
+ * the names the certificate is for say what went wrong.
+ */
+const withCertificateNames = (own: string, error: Error, code: string | undefined): string => {
+  if (code !== "ERR_TLS_CERT_ALTNAME_INVALID") return own
+  const cert: unknown = "cert" in error ? error.cert : undefined
+  const names = typeof cert === "object" && cert !== null && "subjectaltname" in cert &&
+      typeof cert.subjectaltname === "string"
+    ? cert.subjectaltname
+    : undefined
+  return names === undefined || names === "" ? own : `${own.replace(/:$/, "")} (the certificate is for ${names})`
+}
+
+/**
+ * Hides the certificate Node attaches to a refused one (`cert`: the whole chain, which refers to
+ * itself) from `JSON.stringify` and Effect's rendering of a Cause, which would throw on it: it
+ * stays on the error, not enumerable. Message, code, reason and host are as they were.
+ */
+const hideCertificate = (error: unknown): void => {
+  if (error instanceof Error && "cert" in error && isCertificateError(error)) {
+    Object.defineProperty(error, "cert", { enumerable: false })
+  }
+}
+
+/**
  * One line about `error`: its message (first line), or what Node says inside an AggregateError
  * (a connection to a name with several addresses), with the last node error of a cluster failure.
  */
@@ -145,7 +204,7 @@ export const describeError = (error: unknown): string => {
     .replace(SENTINEL_ROUND, (_, last: string | undefined) => describeSentinelRound(last))
   const inner = "errors" in error && Array.isArray(error.errors) ? error.errors.map(describeError) : []
   const code = "code" in error && typeof error.code === "string" ? error.code : undefined
-  const text = own !== "" ? own : inner.length > 0 ? inner.join("; ") : code ?? error.name
+  const text = own !== "" ? withCertificateNames(own, error, code) : inner.length > 0 ? inner.join("; ") : code ?? error.name
   const node: unknown = "lastNodeError" in error ? error.lastNodeError : undefined
   return node === undefined || node === null ? text : `${text} (last node error: ${describeError(node)})`
 }
@@ -604,7 +663,10 @@ export interface ClientTracker {
    * they are: every BackendError they fail with must come from `call` or `fail`.
    */
   readonly locateAll: (service: Service) => Service
-  /** One PING within the command timeout (or until ioredis gives up): BackendError "connect" if it fails. */
+  /**
+   * One PING within the command timeout (or until ioredis gives up): BackendError "connect" if it
+   * fails, at once if the connection refuses the server's certificate.
+   */
   readonly ping: Effect.Effect<void, BackendError>
   /**
    * Logs each outage once: a warning on the first connection error after being connected (or
@@ -638,7 +700,11 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
     /** Per connection through sentinels: what the sentinels last said about its master, since it was last ready. */
     const sentinelAnswer = new Map<Role, string>()
 
+    /** Who waits for the commands connection to refuse the server's certificate (the layer's first PING). */
+    const refusedCertificate = new Set<(error: unknown) => void>()
+
     const onError = (role: Role, error: unknown) => {
+      hideCertificate(error)
       let text = describeError(error)
       if (isQuietSentinelRound(error)) {
         // the sentinels answered: what they said, or else the master's own error, says more
@@ -647,6 +713,9 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
         else if (lastError.has(role)) return
       }
       lastError.set(role, { error, text })
+      if (role === "commands" && refusedCertificate.size > 0 && isCertificateError(error)) {
+        for (const waiting of refusedCertificate) waiting(error)
+      }
       if (!outage) {
         outage = true
         Queue.unsafeOffer(events, { _tag: "Lost", detail: text })
@@ -785,6 +854,21 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
 
     yield* watch(client, "commands")
 
+    /**
+     * Fails as soon as the commands connection refuses the server's certificate (or has done so
+     * since it was last ready): ioredis retries such a connection like any other (with
+     * `maxRetriesPerRequest: null`, until the command timeout), though no retry can succeed.
+     */
+    const certificateRefused: Effect.Effect<never, BackendError> = Effect.async<never, BackendError>((resume) => {
+      const last = lastError.get("commands")
+      if (last !== undefined && isCertificateError(last.error)) return resume(Effect.fail(fail("connect", last.error)))
+      const waiting = (error: unknown) => resume(Effect.fail(fail("connect", error)))
+      refusedCertificate.add(waiting)
+      return Effect.sync(() => {
+        refusedCertificate.delete(waiting)
+      })
+    })
+
     return {
       endpoint,
       watch,
@@ -806,7 +890,7 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
         cancel: (request) => Effect.mapError(service.cancel(request), locate),
         subscribe: (key, holder, mode) => Effect.mapError(service.subscribe(key, holder, mode), locate)
       }),
-      ping: Effect.asVoid(call("connect", () => client.ping())),
+      ping: Effect.raceFirst(Effect.asVoid(call("connect", () => client.ping())), certificateRefused),
       report
     } satisfies ClientTracker
   })
