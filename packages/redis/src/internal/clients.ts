@@ -192,6 +192,45 @@ const hideCertificate = (error: unknown): void => {
 }
 
 /**
+ * The arguments of a command that carry a password, with the password as `***`: AUTH's last
+ * (`AUTH password`, `AUTH username password`), and HELLO's after `AUTH username`.
+ */
+const redactArguments = (name: string, args: ReadonlyArray<unknown>): ReadonlyArray<unknown> | undefined => {
+  switch (name.toLowerCase()) {
+    case "auth":
+      return args.length === 0 ? undefined : [...args.slice(0, -1), "***"]
+    case "hello": {
+      const at = args.findIndex((arg) => typeof arg === "string" && arg.toLowerCase() === "auth")
+      return at < 0 || at + 2 >= args.length ? undefined : args.map((arg, i) => (i === at + 2 ? "***" : arg))
+    }
+    default:
+      return undefined
+  }
+}
+
+/**
+ * Takes the password out of `error` and every error it refers to (`cause`, `errors`,
+ * `lastNodeError`): ioredis attaches to an error reply the command it answered (`command`: name
+ * and arguments), and the reply to an AUTH (or HELLO ... AUTH) that the server refused carries
+ * the password, which `JSON.stringify`, `util.inspect` or Effect's rendering of the error would
+ * then show. The command stays, with `***` for the password.
+ */
+export const hideCredentials = (error: unknown, seen: Set<unknown> = new Set()): void => {
+  if (typeof error !== "object" || error === null || seen.has(error)) return
+  seen.add(error)
+  if (error instanceof Error && "command" in error) {
+    const command: unknown = error.command
+    if (typeof command === "object" && command !== null && "name" in command && "args" in command) {
+      const { args, name } = command
+      const redacted = typeof name === "string" && Array.isArray(args) ? redactArguments(name, args) : undefined
+      if (redacted !== undefined) error.command = { ...command, args: redacted }
+    }
+  }
+  for (const key of ["cause", "lastNodeError"] as const) if (key in error) hideCredentials(error[key as keyof typeof error], seen)
+  if ("errors" in error && Array.isArray(error.errors)) for (const inner of error.errors) hideCredentials(inner, seen)
+}
+
+/**
  * One line about `error`: its message (first line), or what Node says inside an AggregateError
  * (a connection to a name with several addresses), with the last node error of a cluster failure.
  */
@@ -705,6 +744,7 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
 
     const onError = (role: Role, error: unknown) => {
       hideCertificate(error)
+      hideCredentials(error)
       let text = describeError(error)
       if (isQuietSentinelRound(error)) {
         // the sentinels answered: what they said, or else the master's own error, says more
@@ -762,8 +802,10 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
       return reported === own || isGivingUp(cause) ? reported : `${reported} (${own})`
     }
 
-    const fail = (operation: string, cause: unknown, role: Role = "commands") =>
-      new BackendError({ operation, cause, endpoint, detail: detailOf(cause, role) })
+    const fail = (operation: string, cause: unknown, role: Role = "commands") => {
+      hideCredentials(cause)
+      return new BackendError({ operation, cause, endpoint, detail: detailOf(cause, role) })
+    }
 
     let closed = false
     const closedError = (operation: string) => backendClosed({ operation, backend: "Redis backend", endpoint })
