@@ -15,7 +15,7 @@ import { LockBackend } from "@lockstep/core/LockBackend"
 import type { Service } from "@lockstep/core/LockBackend"
 import { BackendError } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisSentinel, RedisServer } from "@lockstep/testkit"
 import { eventually, nowMs, runnable, trapRejections, typedFailure, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis TLS suite (tls.test.ts)")
@@ -137,6 +137,38 @@ describe.runIf(runnable)("Redis backend over TLS", () => {
       const subscribed = Effect.map(Effect.forEach(probes, subscribers), (counts) => counts.some((n) => n > 0))
       const waited = yield* handOver("tls:cluster:handover", a, b, subscribed)
       assert.isBelow(waited, 1_000, `the waiter got the lock ${Math.round(waited)} ms after the release`)
+      assert.deepStrictEqual(escaped, [])
+    }), 30_000)
+
+  it.scopedLive("a TLS Sentinel topology (sentinels, data nodes and replication over TLS): grants, releases and wakes a waiter", () =>
+    Effect.gen(function*() {
+      const topology = yield* RedisSentinel.make({ tls: true, replicas: 1, sentinels: 1, quorum: 1 })
+      const ca = topology.ca ?? ""
+      assert.include(ca, "-----BEGIN CERTIFICATE-----")
+      const connection: RedisBackend.Connection = {
+        sentinels: topology.sentinelAddresses.map((address) => ({ ...address })),
+        name: topology.name,
+        tls: { ca },
+        sentinelTLS: { ca },
+        enableTLSForSentinelMode: true
+      }
+      const a = yield* backendFrom(connection)
+      const b = yield* backendFrom(connection)
+      const lock = yield* Effect.provideService(Lock.make("tls:sentinel"), LockBackend, a)
+      assert.isAbove(yield* Lock.withLock((lease) => Effect.succeed(lease.fence), lock), 0)
+      const probe = yield* probeClient(topology.primary)
+      const waited = yield* handOver("tls:sentinel:handover", a, b, Effect.map(subscribers(probe), (n) => n > 0))
+      assert.isBelow(waited, 1_000, `the waiter got the lock ${Math.round(waited)} ms after the release`)
+      // rediss+sentinel:// trusts Node's default CAs only: this CA is none of them
+      const sentinel = topology.sentinelAddresses[0]!
+      const { exit, ms } = yield* build(
+        RedisBackend.layerFrom(`rediss+sentinel://${sentinel.host}:${sentinel.port}/${topology.name}`)
+      ).pipe(Effect.provide(Logger.remove(Logger.defaultLogger)))
+      const error = connectFailure(exit)
+      console.log(`[tls] rediss+sentinel:// without the CA: ${error.message}`)
+      assert.include(error.message, `${sentinel.host}:${sentinel.port}`)
+      assert.include(error.message, "self-signed certificate in certificate chain")
+      assert.isBelow(ms, 1_000, `failed at once: ${Math.round(ms)} ms`)
       assert.deepStrictEqual(escaped, [])
     }), 30_000)
 

@@ -412,10 +412,27 @@ export const sentinelOptions = (url: string): Either.Either<RedisOptions, string
 const SENTINEL_COMMAND_TIMEOUT_MS = 1_000
 
 /**
+ * Per connector of ours, the certificate of a sentinel that its last question for the master
+ * refused (the sentinels speak TLS, and theirs cannot be trusted).
+ */
+const refusedBySentinel = new WeakMap<object, Error>()
+
+/**
+ * Whether `error`, a sentinel round that failed, failed on a sentinel's certificate: ioredis
+ * reports the round in words only ("... Last error: <message>"), its connector knows more.
+ */
+const refusedSentinelCertificate = (client: Client, error: unknown): boolean => {
+  if (!(error instanceof Error) || SENTINEL_ROUND.exec(firstLine(error.message)) === null) return false
+  const connector: unknown = (client as unknown as { readonly connector?: unknown }).connector
+  return typeof connector === "object" && connector !== null && refusedBySentinel.has(connector)
+}
+
+/**
  * ioredis's `SentinelConnector`, whose own connections to the sentinels (one per sentinel asked
  * for the master, and the failover detector's) wait for nothing once closed, like the rest of
- * ours (see `disconnectTimeout`), and whose questions for the master are answered within
- * `SENTINEL_COMMAND_TIMEOUT_MS`. ioredis gives them its default 2 s, whatever the connection's
+ * ours (see `disconnectTimeout`), whose questions for the master are answered within
+ * `SENTINEL_COMMAND_TIMEOUT_MS`, and which reports a sentinel whose certificate it refused as
+ * that refusal (ioredis says "Connection is closed."). ioredis gives them its default 2 s, whatever the connection's
  * own setting: each one to a sentinel that was down (its socket closed already, so no 'close'
  * clears the timer) or that did not answer kept the process alive for 2 s. Without the method it
  * overrides (private in ioredis), it is ioredis's connector as it is.
@@ -423,18 +440,46 @@ const SENTINEL_COMMAND_TIMEOUT_MS = 1_000
 class ClosingAtOnce extends SentinelConnector {}
 {
   type ConnectToSentinel = (this: unknown, endpoint: unknown, options?: object) => unknown
-  const connectToSentinel = (SentinelConnector.prototype as unknown as { readonly connectToSentinel?: ConnectToSentinel })
-    .connectToSentinel
+  type Resolve = (this: unknown, endpoint: unknown) => Promise<unknown>
+  const prototype = SentinelConnector.prototype as unknown as {
+    readonly connectToSentinel?: ConnectToSentinel
+    readonly resolve?: Resolve
+  }
+  const connectToSentinel = prototype.connectToSentinel
+  const resolve = prototype.resolve
   if (typeof connectToSentinel === "function") {
     Object.defineProperty(ClosingAtOnce.prototype, "connectToSentinel", {
       value: function(this: { readonly options?: RedisOptions }, endpoint: unknown, options?: object) {
         // no options: a connection that asks for the master (the failover detector's have some)
         const asking = options === undefined && this.options?.sentinelCommandTimeout === undefined
-        return connectToSentinel.call(this, endpoint, {
+        const sentinel = connectToSentinel.call(this, endpoint, {
           disconnectTimeout,
           ...(asking ? { commandTimeout: SENTINEL_COMMAND_TIMEOUT_MS } : {}),
           ...options
         })
+        if (asking && sentinel instanceof Redis) {
+          sentinel.on("error", (error: unknown) => {
+            if (isCertificateError(error)) {
+              hideCertificate(error)
+              refusedBySentinel.set(this, error as Error)
+            }
+          })
+        }
+        return sentinel
+      }
+    })
+  }
+  if (typeof resolve === "function") {
+    Object.defineProperty(ClosingAtOnce.prototype, "resolve", {
+      value: async function(this: object, endpoint: unknown) {
+        refusedBySentinel.delete(this)
+        try {
+          return await resolve.call(this, endpoint)
+        } catch (error) {
+          // the sentinel's connection ends on the refusal, and ioredis reports what that did to the
+          // question asked on it ("Connection is closed."): the refusal says why
+          throw refusedBySentinel.get(this) ?? error
+        }
       }
     })
   }
@@ -726,8 +771,11 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
     const events = yield* Queue.unbounded<Event>()
     yield* Effect.addFinalizer(() => Queue.shutdown(events))
 
-    /** The last connection error of each connection since it was last ready. */
-    const lastError = new Map<Role, { readonly error: unknown; readonly text: string }>()
+    /**
+     * The last connection error of each connection since it was last ready, and whether it was a
+     * refused certificate (the server's, or a sentinel's).
+     */
+    const lastError = new Map<Role, { readonly error: unknown; readonly text: string; readonly certificate: boolean }>()
     /**
      * Per connection (and cluster slot: one node down leaves the others alone), since when it has
      * left a call unanswered for the whole command timeout (performance.now()): set when a call
@@ -742,9 +790,10 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
     /** Who waits for the commands connection to refuse the server's certificate (the layer's first PING). */
     const refusedCertificate = new Set<(error: unknown) => void>()
 
-    const onError = (role: Role, error: unknown) => {
+    const onError = (role: Role, error: unknown, sentinelCertificate = false) => {
       hideCertificate(error)
       hideCredentials(error)
+      const certificate = sentinelCertificate || isCertificateError(error)
       let text = describeError(error)
       if (isQuietSentinelRound(error)) {
         // the sentinels answered: what they said, or else the master's own error, says more
@@ -752,8 +801,8 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
         if (answer !== undefined) text = answer
         else if (lastError.has(role)) return
       }
-      lastError.set(role, { error, text })
-      if (role === "commands" && refusedCertificate.size > 0 && isCertificateError(error)) {
+      lastError.set(role, { error, text, certificate })
+      if (role === "commands" && refusedCertificate.size > 0 && certificate) {
         for (const waiting of refusedCertificate) waiting(error)
       }
       if (!outage) {
@@ -776,7 +825,7 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
         Effect.sync(() => {
           // a cluster reports a failed node as 'node error' (it goes on with the others); its own
           // 'error' is the cluster failing as a whole (no startup node answered)
-          const error = (e: unknown) => onError(role, e)
+          const error = (e: unknown) => onError(role, e, refusedSentinelCertificate(watched, e))
           const ready = () => onReady(role)
           const name = (watched as { readonly options?: RedisOptions }).options?.name
           const sentinelError = (e: unknown) => {
@@ -897,13 +946,13 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
     yield* watch(client, "commands")
 
     /**
-     * Fails as soon as the commands connection refuses the server's certificate (or has done so
-     * since it was last ready): ioredis retries such a connection like any other (with
+     * Fails as soon as the commands connection refuses the server's certificate, or a sentinel's
+     * (or has done so since it was last ready): ioredis retries such a connection like any other (with
      * `maxRetriesPerRequest: null`, until the command timeout), though no retry can succeed.
      */
     const certificateRefused: Effect.Effect<never, BackendError> = Effect.async<never, BackendError>((resume) => {
       const last = lastError.get("commands")
-      if (last !== undefined && isCertificateError(last.error)) return resume(Effect.fail(fail("connect", last.error)))
+      if (last !== undefined && last.certificate) return resume(Effect.fail(fail("connect", last.error)))
       const waiting = (error: unknown) => resume(Effect.fail(fail("connect", error)))
       refusedCertificate.add(waiting)
       return Effect.sync(() => {

@@ -612,7 +612,7 @@ const tlsArgs = (certificates: Certificates, port: number, cluster: boolean): Re
 ]
 
 /** The certificates `tls` asks for: none, new ones (in the scope), or the ones given. */
-const certificatesFor = (
+export const certificatesFor = (
   option: Options["tls"]
 ): Effect.Effect<Certificates | undefined, RedisServerError, Scope.Scope> =>
   option === undefined || option === false
