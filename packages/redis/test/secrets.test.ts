@@ -221,6 +221,48 @@ describe.runIf(runnable)("Redis backend: no password ever shows", () => {
         yield* observe(useBackend({ host: server.host, port: server.port, password: SECRET })),
         refused
       )
+      // a borrowed client: the refusal shows in the calls
+      const borrowed = Effect.gen(function*() {
+        const client = yield* Effect.acquireRelease(
+          Effect.sync(() => new Redis(`redis://:${SECRET}@127.0.0.1:${server.port}`, { maxRetriesPerRequest: 1 })),
+          (client) => Effect.sync(() => client.disconnect())
+        )
+        const backend = yield* RedisBackend.make({ client, commandTimeout: "500 millis" })
+        const lock = yield* Effect.provideService(Lock.make("secrets:borrowed", { name: "secrets" }), LockBackend, backend)
+        return yield* Lock.withLock(Effect.void, lock, { timeout: "300 millis" })
+      })
+      yield* assertNoSecret("borrowed client", yield* observe(borrowed), /on Redis 127\.0\.0\.1:\d+: WRONGPASS/)
+    }))
+
+  it.scopedLive("a password rotated on the server under a running backend: the outage and the calls", () =>
+    Effect.gen(function*() {
+      const server = yield* RedisServer.make({ args: ["--requirepass", SECRET] })
+      const rotated = Effect.gen(function*() {
+        const backend = yield* Layer.build(
+          RedisBackend.layerFrom(`redis://:${SECRET}@127.0.0.1:${server.port}`, { commandTimeout: "500 millis" })
+        )
+        const lock = yield* Effect.provideService(
+          Lock.make("secrets:rotated", { name: "secrets" }),
+          LockBackend,
+          Context.get(backend, LockBackend)
+        )
+        yield* Lock.withLock(Effect.void, lock)
+        // the server now wants another password, and drops its clients: they reconnect with the old one
+        yield* Effect.acquireUseRelease(
+          Effect.sync(() => new Redis({ host: server.host, port: server.port, password: SECRET, lazyConnect: true })),
+          (admin) =>
+            Effect.promise(async () => {
+              await admin.call("CONFIG", "SET", "requirepass", RIGHT)
+              await admin.call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            }),
+          (admin) => Effect.sync(() => admin.disconnect())
+        )
+        yield* Effect.sleep("200 millis")
+        return yield* Lock.withLock(Effect.void, lock, { timeout: "300 millis" })
+      })
+      const outcome = yield* observe(rotated)
+      assert.isTrue(outcome.traces.logs.some((line) => line.includes("WRONGPASS")), "the outage was logged")
+      yield* assertNoSecret("rotated", outcome, /on Redis 127\.0\.0\.1:\d+: WRONGPASS/)
     }))
 
   it.scopedLive("an ACL user's wrong password (and an unknown user), in the URL or in the options", () =>
