@@ -137,6 +137,15 @@ describe.runIf(runnable)("Redis backend over TLS", () => {
       const subscribed = Effect.map(Effect.forEach(probes, subscribers), (counts) => counts.some((n) => n > 0))
       const waited = yield* handOver("tls:cluster:handover", a, b, subscribed)
       assert.isBelow(waited, 1_000, `the waiter got the lock ${Math.round(waited)} ms after the release`)
+      // without the CA: the nodes' certificates are refused, at once
+      const { exit, ms } = yield* build(
+        RedisBackend.layerFrom({ cluster: cluster.startupNodes, options: { redisOptions: { tls: {} } } })
+      ).pipe(Effect.provide(Logger.remove(Logger.defaultLogger)))
+      const error = connectFailure(exit)
+      console.log(`[tls] cluster without the CA: ${error.message}`)
+      assert.include(error.message, `127.0.0.1:${cluster.nodes[0]!.port}`)
+      assert.include(error.message, "self-signed certificate in certificate chain")
+      assert.isBelow(ms, 1_000, `failed at once: ${Math.round(ms)} ms`)
       assert.deepStrictEqual(escaped, [])
     }), 30_000)
 

@@ -488,6 +488,42 @@ class ClosingAtOnce extends SentinelConnector {}
 const SentinelConnectorClosingAtOnce = ClosingAtOnce as unknown as NonNullable<RedisOptions["Connector"]>
 
 /**
+ * ioredis's `Cluster`, which reports a node whose certificate it refused while it asked the node
+ * for the slots as a 'node error' with that refusal. ioredis asks on a copy of the node's
+ * connection that ignores its own errors, and reports what that did to the question ("Connection
+ * is closed."). Without the method it wraps (private in ioredis), it is ioredis's `Cluster`.
+ */
+class ClusterReportingRefusals extends Cluster {}
+{
+  type GetInfoFromNode = (this: Cluster, redis: unknown, callback: unknown) => unknown
+  const getInfoFromNode = (Cluster.prototype as unknown as { readonly getInfoFromNode?: GetInfoFromNode }).getInfoFromNode
+  if (typeof getInfoFromNode === "function") {
+    Object.defineProperty(ClusterReportingRefusals.prototype, "getInfoFromNode", {
+      value: function(this: Cluster, redis: unknown, callback: unknown) {
+        if (!(redis instanceof Redis)) return getInfoFromNode.call(this, redis, callback)
+        const node = hostPort(redis.options.host, redis.options.port)
+        const duplicate = redis.duplicate
+        const own = Object.prototype.hasOwnProperty.call(redis, "duplicate")
+        // the copy is made at once, in the call: the node's own `duplicate` is back right after
+        redis.duplicate = (...args: Parameters<Redis["duplicate"]>) => {
+          const copy = duplicate.apply(redis, args)
+          copy.on("error", (error: unknown) => {
+            if (isCertificateError(error)) this.emit("node error", error, node)
+          })
+          return copy
+        }
+        try {
+          return getInfoFromNode.call(this, redis, callback)
+        } finally {
+          if (own) redis.duplicate = duplicate
+          else delete (redis as { duplicate?: unknown }).duplicate
+        }
+      }
+    })
+  }
+}
+
+/**
  * Defaults of a connection through sentinels that `layerFrom` opens. `failoverDetector`: the
  * connection also subscribes to `+switch-master` on the sentinels and reconnects (through them,
  * to the new master) as soon as they announce a failover. Without it, a connection stays on the
@@ -573,7 +609,7 @@ export const open = (connection: Connection): Effect.Effect<Client, BackendError
             : typeof connection === "string"
             ? new Redis(connection, { maxRetriesPerRequest: 2, disconnectTimeout })
             : "cluster" in connection
-            ? new Cluster([...connection.cluster], {
+            ? new ClusterReportingRefusals([...connection.cluster], {
               ...connection.options,
               redisOptions: { disconnectTimeout, ...connection.options?.redisOptions }
             })
@@ -825,18 +861,37 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
         Effect.sync(() => {
           // a cluster reports a failed node as 'node error' (it goes on with the others); its own
           // 'error' is the cluster failing as a whole (no startup node answered)
-          const error = (e: unknown) => onError(role, e, refusedSentinelCertificate(watched, e))
-          const ready = () => onReady(role)
+          let refusedByNode: Error | undefined
+          const error = (e: unknown) => {
+            // a node whose certificate was refused closes, and the cluster's own error names
+            // that closing ("Connection is closed.") as its last node error: the refusal says why
+            if (refusedByNode !== undefined && e instanceof Error && "lastNodeError" in e && isGivingUp(e.lastNodeError)) {
+              e.lastNodeError = refusedByNode
+            }
+            onError(role, e, refusedSentinelCertificate(watched, e))
+          }
+          const nodeError = (e: unknown) => {
+            if (isCertificateError(e)) {
+              hideCertificate(e)
+              refusedByNode = e as Error
+            }
+          }
+          const ready = () => {
+            refusedByNode = undefined
+            onReady(role)
+          }
           const name = (watched as { readonly options?: RedisOptions }).options?.name
           const sentinelError = (e: unknown) => {
             const answer = describeSentinelAnswer(e, name)
             if (answer !== undefined) sentinelAnswer.set(role, answer)
           }
           watched.on("error", error)
+          watched.on("node error", nodeError)
           watched.on("ready", ready)
           watched.on("sentinelError", sentinelError)
           return () => {
             watched.off("error", error)
+            watched.off("node error", nodeError)
             watched.off("ready", ready)
             watched.off("sentinelError", sentinelError)
           }
