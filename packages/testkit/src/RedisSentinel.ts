@@ -26,7 +26,7 @@
  */
 import type { Duration, Effect, Scope } from "effect"
 import * as internal from "./internal/redisSentinel.js"
-import type { Address, RedisServer, RedisServerError } from "./RedisServer.js"
+import type { Address, Certificates, RedisServer, RedisServerError, TlsOptions } from "./RedisServer.js"
 import type { TcpProxy } from "./TcpProxy.js"
 
 /**
@@ -119,6 +119,13 @@ export interface AwaitMasterOptions {
 export interface RedisSentinel {
   /** The monitored master's name, for a client's `name` option. */
   readonly name: string
+  /**
+   * With `tls`: the certificate (PEM) of the CA every process's certificate is signed by, for a
+   * client's `tls: { ca }` and `sentinelTLS: { ca }`. Otherwise undefined.
+   *
+   * @since 0.1.0
+   */
+  readonly ca: string | undefined
   /** The sentinel processes (their `restart` sets the debug periods again). */
   readonly sentinels: ReadonlyArray<RedisServer>
   /** The sentinels' addresses, for a client's `sentinels` option. */
@@ -238,6 +245,15 @@ export interface Options {
   readonly startTimeout?: Duration.DurationInput
   /** Bound on the replicas' first sync and the sentinels settling at startup (default 20 s). */
   readonly readyTimeout?: Duration.DurationInput
+  /**
+   * Every process speaks TLS only (data nodes, sentinels, replication and the sentinels' links to
+   * the data nodes), with one CA (`ca`): `true` makes a throwaway one with a certificate for
+   * 127.0.0.1 and localhost, `TlsOptions` one for other names, `Certificates` uses those (see
+   * `RedisServer.make`'s `tls`). Default: no TLS.
+   *
+   * @since 0.1.0
+   */
+  readonly tls?: boolean | TlsOptions | Certificates
 }
 
 /**

@@ -77,8 +77,15 @@ export interface Address {
  * @category models
  */
 export interface RedisServer extends Address {
-  /** `redis://127.0.0.1:<port>`. */
+  /** `redis://127.0.0.1:<port>`, or `rediss://127.0.0.1:<port>` for a server started with `tls`. */
   readonly url: string
+  /**
+   * For a server started with `tls`: the certificate (PEM) of the CA that signed the server's
+   * certificate, which a client must trust (ioredis: `tls: { ca }`). Otherwise undefined.
+   *
+   * @since 0.1.0
+   */
+  readonly ca: string | undefined
   /** The server's working dir (a fresh temp dir, removed when the scope closes). */
   readonly dir: string
   /** The pid of the current process, if one is alive (paused or not). */
@@ -155,6 +162,69 @@ export interface Options {
   readonly bin?: string
   /** How long to wait for the first PONG of each start (default 10 s). */
   readonly startTimeout?: Duration.DurationInput
+  /**
+   * Speak TLS only: the port is a TLS port (`--port 0 --tls-port <port>`), the URL `rediss://`,
+   * and clients need no certificate of their own (`--tls-auth-clients no`); in a cluster the bus
+   * speaks TLS too. `true` makes a throwaway CA and a certificate for 127.0.0.1 and localhost
+   * (see `makeCertificates`), `TlsOptions` one for other names, and `Certificates` uses those
+   * (e.g. one CA for several servers). The CA is the server's `ca`. Default: no TLS.
+   *
+   * @since 0.1.0
+   */
+  readonly tls?: boolean | TlsOptions | Certificates
+}
+
+/**
+ * The certificate a TLS server is started with.
+ *
+ * @example
+ * ```ts
+ * import type { RedisServer } from "@lockstep/testkit"
+ *
+ * // a certificate for another host: clients connecting to 127.0.0.1 must refuse it
+ * const wrongHost: RedisServer.TlsOptions = { altNames: ["other.example"] }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface TlsOptions {
+  /**
+   * The names the server certificate is for (its subjectAltName: IP addresses and DNS names).
+   * Default 127.0.0.1 and localhost.
+   */
+  readonly altNames?: ReadonlyArray<string>
+}
+
+/**
+ * A throwaway CA and a server certificate it signed, as files in a temp dir (removed when the
+ * scope closes).
+ *
+ * @example
+ * ```ts
+ * import { Redis } from "ioredis"
+ * import type { RedisServer } from "@lockstep/testkit"
+ *
+ * const client = (server: RedisServer.RedisServer, certificates: RedisServer.Certificates) =>
+ *   new Redis(server.url, { tls: { ca: certificates.ca } })
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Certificates {
+  /** The dir that holds the files. */
+  readonly dir: string
+  /** The CA's certificate (PEM): what a client trusts. */
+  readonly ca: string
+  /** The CA's certificate, as a file. */
+  readonly caFile: string
+  /** The server certificate (PEM file). */
+  readonly certFile: string
+  /** The server certificate's private key (PEM file). */
+  readonly keyFile: string
+  /** The names the server certificate is for. */
+  readonly altNames: ReadonlyArray<string>
 }
 
 /**
@@ -218,10 +288,56 @@ export const available: Effect.Effect<boolean> = internal.available
  * )
  * ```
  *
+ * With `tls`, the server speaks TLS only:
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { Redis } from "ioredis"
+ * import { RedisServer } from "@lockstep/testkit"
+ *
+ * const program = Effect.scoped(
+ *   Effect.gen(function*() {
+ *     const server = yield* RedisServer.make({ tls: true })
+ *     const client = new Redis(server.url, { tls: { ca: server.ca } }) // rediss://127.0.0.1:<port>
+ *     yield* Effect.promise(() => client.ping())
+ *     client.disconnect()
+ *   })
+ * )
+ * ```
+ *
  * @since 0.1.0
  * @category constructors
  */
 export const make: (options?: Options) => Effect.Effect<RedisServer, RedisServerError, Scope.Scope> = internal.make
+
+/**
+ * Makes a throwaway CA and a server certificate it signed (P-256 keys, valid two days) with
+ * `openssl` (on `PATH`) in a temp dir that the scope removes. The server certificate is for
+ * `altNames` (default 127.0.0.1 and localhost). Pass it as `tls` to several servers to have them
+ * share one CA.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { RedisServer } from "@lockstep/testkit"
+ *
+ * const program = Effect.scoped(
+ *   Effect.gen(function*() {
+ *     const certificates = yield* RedisServer.makeCertificates()
+ *     const a = yield* RedisServer.make({ tls: certificates })
+ *     const b = yield* RedisServer.make({ tls: certificates })
+ *     yield* Effect.log(`${a.url} and ${b.url}, both trusting the same CA`)
+ *   })
+ * )
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const makeCertificates: (
+  options?: TlsOptions
+) => Effect.Effect<Certificates, RedisServerError, Scope.Scope> = internal.makeCertificates
 
 /**
  * Starts a Redis Cluster: `masters` (default 3) servers with `--cluster-enabled yes` (node

@@ -133,6 +133,104 @@ const describeSentinelRound = (last: string | undefined): string =>
     : `All sentinels are unreachable (last error: ${last})`
 
 /**
+ * The codes of a TLS handshake that failed on the server's certificate (Node's and OpenSSL's):
+ * no retry can fix those, so a connection that reports one while the layer checks it fails the
+ * layer at once.
+ */
+const CERTIFICATE_ERRORS: ReadonlySet<string> = new Set([
+  "ERR_TLS_CERT_ALTNAME_INVALID",
+  "DEPTH_ZERO_SELF_SIGNED_CERT",
+  "SELF_SIGNED_CERT_IN_CHAIN",
+  "UNABLE_TO_GET_ISSUER_CERT",
+  "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+  "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+  "UNABLE_TO_DECRYPT_CERT_SIGNATURE",
+  "UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY",
+  "CERT_SIGNATURE_FAILURE",
+  "CERT_NOT_YET_VALID",
+  "CERT_HAS_EXPIRED",
+  "CERT_REVOKED",
+  "CERT_UNTRUSTED",
+  "CERT_REJECTED",
+  "INVALID_CA",
+  "INVALID_PURPOSE",
+  "PATH_LENGTH_EXCEEDED",
+  "HOSTNAME_MISMATCH"
+])
+
+/** Whether `error` (or, for a cluster, the last error of a node) is a certificate the client refused. */
+export const isCertificateError = (error: unknown): boolean => {
+  if (!(error instanceof Error)) return false
+  if ("code" in error && typeof error.code === "string" && CERTIFICATE_ERRORS.has(error.code)) return true
+  return "lastNodeError" in error && isCertificateError(error.lastNodeError)
+}
+
+/**
+ * Node's message for a certificate issued for other names ends with the names that match the host
+ * ("... is not in the cert's list: "), empty when none is of its kind (no IP address for an IP):
+ * the names the certificate is for say what went wrong.
+ */
+const withCertificateNames = (own: string, error: Error, code: string | undefined): string => {
+  if (code !== "ERR_TLS_CERT_ALTNAME_INVALID") return own
+  const cert: unknown = "cert" in error ? error.cert : undefined
+  const names = typeof cert === "object" && cert !== null && "subjectaltname" in cert &&
+      typeof cert.subjectaltname === "string"
+    ? cert.subjectaltname
+    : undefined
+  return names === undefined || names === "" ? own : `${own.replace(/:$/, "")} (the certificate is for ${names})`
+}
+
+/**
+ * Hides the certificate Node attaches to a refused one (`cert`: the whole chain, which refers to
+ * itself) from `JSON.stringify` and Effect's rendering of a Cause, which would throw on it: it
+ * stays on the error, not enumerable. Message, code, reason and host are as they were.
+ */
+const hideCertificate = (error: unknown): void => {
+  if (error instanceof Error && "cert" in error && isCertificateError(error)) {
+    Object.defineProperty(error, "cert", { enumerable: false })
+  }
+}
+
+/**
+ * The arguments of a command that carry a password, with the password as `***`: AUTH's last
+ * (`AUTH password`, `AUTH username password`), and HELLO's after `AUTH username`.
+ */
+const redactArguments = (name: string, args: ReadonlyArray<unknown>): ReadonlyArray<unknown> | undefined => {
+  switch (name.toLowerCase()) {
+    case "auth":
+      return args.length === 0 ? undefined : [...args.slice(0, -1), "***"]
+    case "hello": {
+      const at = args.findIndex((arg) => typeof arg === "string" && arg.toLowerCase() === "auth")
+      return at < 0 || at + 2 >= args.length ? undefined : args.map((arg, i) => (i === at + 2 ? "***" : arg))
+    }
+    default:
+      return undefined
+  }
+}
+
+/**
+ * Takes the password out of `error` and every error it refers to (`cause`, `errors`,
+ * `lastNodeError`): ioredis attaches to an error reply the command it answered (`command`: name
+ * and arguments), and the reply to an AUTH (or HELLO ... AUTH) that the server refused carries
+ * the password, which `JSON.stringify`, `util.inspect` or Effect's rendering of the error would
+ * then show. The command stays, with `***` for the password.
+ */
+export const hideCredentials = (error: unknown, seen: Set<unknown> = new Set()): void => {
+  if (typeof error !== "object" || error === null || seen.has(error)) return
+  seen.add(error)
+  if (error instanceof Error && "command" in error) {
+    const command: unknown = error.command
+    if (typeof command === "object" && command !== null && "name" in command && "args" in command) {
+      const { args, name } = command
+      const redacted = typeof name === "string" && Array.isArray(args) ? redactArguments(name, args) : undefined
+      if (redacted !== undefined) error.command = { ...command, args: redacted }
+    }
+  }
+  for (const key of ["cause", "lastNodeError"] as const) if (key in error) hideCredentials(error[key as keyof typeof error], seen)
+  if ("errors" in error && Array.isArray(error.errors)) for (const inner of error.errors) hideCredentials(inner, seen)
+}
+
+/**
  * One line about `error`: its message (first line), or what Node says inside an AggregateError
  * (a connection to a name with several addresses), with the last node error of a cluster failure.
  */
@@ -145,7 +243,7 @@ export const describeError = (error: unknown): string => {
     .replace(SENTINEL_ROUND, (_, last: string | undefined) => describeSentinelRound(last))
   const inner = "errors" in error && Array.isArray(error.errors) ? error.errors.map(describeError) : []
   const code = "code" in error && typeof error.code === "string" ? error.code : undefined
-  const text = own !== "" ? own : inner.length > 0 ? inner.join("; ") : code ?? error.name
+  const text = own !== "" ? withCertificateNames(own, error, code) : inner.length > 0 ? inner.join("; ") : code ?? error.name
   const node: unknown = "lastNodeError" in error ? error.lastNodeError : undefined
   return node === undefined || node === null ? text : `${text} (last node error: ${describeError(node)})`
 }
@@ -314,10 +412,27 @@ export const sentinelOptions = (url: string): Either.Either<RedisOptions, string
 const SENTINEL_COMMAND_TIMEOUT_MS = 1_000
 
 /**
+ * Per connector of ours, the certificate of a sentinel that its last question for the master
+ * refused (the sentinels speak TLS, and theirs cannot be trusted).
+ */
+const refusedBySentinel = new WeakMap<object, Error>()
+
+/**
+ * Whether `error`, a sentinel round that failed, failed on a sentinel's certificate: ioredis
+ * reports the round in words only ("... Last error: <message>"), its connector knows more.
+ */
+const refusedSentinelCertificate = (client: Client, error: unknown): boolean => {
+  if (!(error instanceof Error) || SENTINEL_ROUND.exec(firstLine(error.message)) === null) return false
+  const connector: unknown = (client as unknown as { readonly connector?: unknown }).connector
+  return typeof connector === "object" && connector !== null && refusedBySentinel.has(connector)
+}
+
+/**
  * ioredis's `SentinelConnector`, whose own connections to the sentinels (one per sentinel asked
  * for the master, and the failover detector's) wait for nothing once closed, like the rest of
- * ours (see `disconnectTimeout`), and whose questions for the master are answered within
- * `SENTINEL_COMMAND_TIMEOUT_MS`. ioredis gives them its default 2 s, whatever the connection's
+ * ours (see `disconnectTimeout`), whose questions for the master are answered within
+ * `SENTINEL_COMMAND_TIMEOUT_MS`, and which reports a sentinel whose certificate it refused as
+ * that refusal (ioredis says "Connection is closed."). ioredis gives them its default 2 s, whatever the connection's
  * own setting: each one to a sentinel that was down (its socket closed already, so no 'close'
  * clears the timer) or that did not answer kept the process alive for 2 s. Without the method it
  * overrides (private in ioredis), it is ioredis's connector as it is.
@@ -325,24 +440,88 @@ const SENTINEL_COMMAND_TIMEOUT_MS = 1_000
 class ClosingAtOnce extends SentinelConnector {}
 {
   type ConnectToSentinel = (this: unknown, endpoint: unknown, options?: object) => unknown
-  const connectToSentinel = (SentinelConnector.prototype as unknown as { readonly connectToSentinel?: ConnectToSentinel })
-    .connectToSentinel
+  type Resolve = (this: unknown, endpoint: unknown) => Promise<unknown>
+  const prototype = SentinelConnector.prototype as unknown as {
+    readonly connectToSentinel?: ConnectToSentinel
+    readonly resolve?: Resolve
+  }
+  const connectToSentinel = prototype.connectToSentinel
+  const resolve = prototype.resolve
   if (typeof connectToSentinel === "function") {
     Object.defineProperty(ClosingAtOnce.prototype, "connectToSentinel", {
       value: function(this: { readonly options?: RedisOptions }, endpoint: unknown, options?: object) {
         // no options: a connection that asks for the master (the failover detector's have some)
         const asking = options === undefined && this.options?.sentinelCommandTimeout === undefined
-        return connectToSentinel.call(this, endpoint, {
+        const sentinel = connectToSentinel.call(this, endpoint, {
           disconnectTimeout,
           ...(asking ? { commandTimeout: SENTINEL_COMMAND_TIMEOUT_MS } : {}),
           ...options
         })
+        if (asking && sentinel instanceof Redis) {
+          sentinel.on("error", (error: unknown) => {
+            if (isCertificateError(error)) {
+              hideCertificate(error)
+              refusedBySentinel.set(this, error as Error)
+            }
+          })
+        }
+        return sentinel
+      }
+    })
+  }
+  if (typeof resolve === "function") {
+    Object.defineProperty(ClosingAtOnce.prototype, "resolve", {
+      value: async function(this: object, endpoint: unknown) {
+        refusedBySentinel.delete(this)
+        try {
+          return await resolve.call(this, endpoint)
+        } catch (error) {
+          // the sentinel's connection ends on the refusal, and ioredis reports what that did to the
+          // question asked on it ("Connection is closed."): the refusal says why
+          throw refusedBySentinel.get(this) ?? error
+        }
       }
     })
   }
 }
 // ioredis types a connector's options as `unknown`, its own as `SentinelConnectionOptions`
 const SentinelConnectorClosingAtOnce = ClosingAtOnce as unknown as NonNullable<RedisOptions["Connector"]>
+
+/**
+ * ioredis's `Cluster`, which reports a node whose certificate it refused while it asked the node
+ * for the slots as a 'node error' with that refusal. ioredis asks on a copy of the node's
+ * connection that ignores its own errors, and reports what that did to the question ("Connection
+ * is closed."). Without the method it wraps (private in ioredis), it is ioredis's `Cluster`.
+ */
+class ClusterReportingRefusals extends Cluster {}
+{
+  type GetInfoFromNode = (this: Cluster, redis: unknown, callback: unknown) => unknown
+  const getInfoFromNode = (Cluster.prototype as unknown as { readonly getInfoFromNode?: GetInfoFromNode }).getInfoFromNode
+  if (typeof getInfoFromNode === "function") {
+    Object.defineProperty(ClusterReportingRefusals.prototype, "getInfoFromNode", {
+      value: function(this: Cluster, redis: unknown, callback: unknown) {
+        if (!(redis instanceof Redis)) return getInfoFromNode.call(this, redis, callback)
+        const node = hostPort(redis.options.host, redis.options.port)
+        const duplicate = redis.duplicate
+        const own = Object.prototype.hasOwnProperty.call(redis, "duplicate")
+        // the copy is made at once, in the call: the node's own `duplicate` is back right after
+        redis.duplicate = (...args: Parameters<Redis["duplicate"]>) => {
+          const copy = duplicate.apply(redis, args)
+          copy.on("error", (error: unknown) => {
+            if (isCertificateError(error)) this.emit("node error", error, node)
+          })
+          return copy
+        }
+        try {
+          return getInfoFromNode.call(this, redis, callback)
+        } finally {
+          if (own) redis.duplicate = duplicate
+          else delete (redis as { duplicate?: unknown }).duplicate
+        }
+      }
+    })
+  }
+}
 
 /**
  * Defaults of a connection through sentinels that `layerFrom` opens. `failoverDetector`: the
@@ -430,7 +609,7 @@ export const open = (connection: Connection): Effect.Effect<Client, BackendError
             : typeof connection === "string"
             ? new Redis(connection, { maxRetriesPerRequest: 2, disconnectTimeout })
             : "cluster" in connection
-            ? new Cluster([...connection.cluster], {
+            ? new ClusterReportingRefusals([...connection.cluster], {
               ...connection.options,
               redisOptions: { disconnectTimeout, ...connection.options?.redisOptions }
             })
@@ -604,7 +783,10 @@ export interface ClientTracker {
    * they are: every BackendError they fail with must come from `call` or `fail`.
    */
   readonly locateAll: (service: Service) => Service
-  /** One PING within the command timeout (or until ioredis gives up): BackendError "connect" if it fails. */
+  /**
+   * One PING within the command timeout (or until ioredis gives up): BackendError "connect" if it
+   * fails, at once if the connection refuses the server's certificate.
+   */
   readonly ping: Effect.Effect<void, BackendError>
   /**
    * Logs each outage once: a warning on the first connection error after being connected (or
@@ -625,8 +807,11 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
     const events = yield* Queue.unbounded<Event>()
     yield* Effect.addFinalizer(() => Queue.shutdown(events))
 
-    /** The last connection error of each connection since it was last ready. */
-    const lastError = new Map<Role, { readonly error: unknown; readonly text: string }>()
+    /**
+     * The last connection error of each connection since it was last ready, and whether it was a
+     * refused certificate (the server's, or a sentinel's).
+     */
+    const lastError = new Map<Role, { readonly error: unknown; readonly text: string; readonly certificate: boolean }>()
     /**
      * Per connection (and cluster slot: one node down leaves the others alone), since when it has
      * left a call unanswered for the whole command timeout (performance.now()): set when a call
@@ -638,7 +823,13 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
     /** Per connection through sentinels: what the sentinels last said about its master, since it was last ready. */
     const sentinelAnswer = new Map<Role, string>()
 
-    const onError = (role: Role, error: unknown) => {
+    /** Who waits for the commands connection to refuse the server's certificate (the layer's first PING). */
+    const refusedCertificate = new Set<(error: unknown) => void>()
+
+    const onError = (role: Role, error: unknown, sentinelCertificate = false) => {
+      hideCertificate(error)
+      hideCredentials(error)
+      const certificate = sentinelCertificate || isCertificateError(error)
       let text = describeError(error)
       if (isQuietSentinelRound(error)) {
         // the sentinels answered: what they said, or else the master's own error, says more
@@ -646,7 +837,10 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
         if (answer !== undefined) text = answer
         else if (lastError.has(role)) return
       }
-      lastError.set(role, { error, text })
+      lastError.set(role, { error, text, certificate })
+      if (role === "commands" && refusedCertificate.size > 0 && certificate) {
+        for (const waiting of refusedCertificate) waiting(error)
+      }
       if (!outage) {
         outage = true
         Queue.unsafeOffer(events, { _tag: "Lost", detail: text })
@@ -667,18 +861,37 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
         Effect.sync(() => {
           // a cluster reports a failed node as 'node error' (it goes on with the others); its own
           // 'error' is the cluster failing as a whole (no startup node answered)
-          const error = (e: unknown) => onError(role, e)
-          const ready = () => onReady(role)
+          let refusedByNode: Error | undefined
+          const error = (e: unknown) => {
+            // a node whose certificate was refused closes, and the cluster's own error names
+            // that closing ("Connection is closed.") as its last node error: the refusal says why
+            if (refusedByNode !== undefined && e instanceof Error && "lastNodeError" in e && isGivingUp(e.lastNodeError)) {
+              e.lastNodeError = refusedByNode
+            }
+            onError(role, e, refusedSentinelCertificate(watched, e))
+          }
+          const nodeError = (e: unknown) => {
+            if (isCertificateError(e)) {
+              hideCertificate(e)
+              refusedByNode = e as Error
+            }
+          }
+          const ready = () => {
+            refusedByNode = undefined
+            onReady(role)
+          }
           const name = (watched as { readonly options?: RedisOptions }).options?.name
           const sentinelError = (e: unknown) => {
             const answer = describeSentinelAnswer(e, name)
             if (answer !== undefined) sentinelAnswer.set(role, answer)
           }
           watched.on("error", error)
+          watched.on("node error", nodeError)
           watched.on("ready", ready)
           watched.on("sentinelError", sentinelError)
           return () => {
             watched.off("error", error)
+            watched.off("node error", nodeError)
             watched.off("ready", ready)
             watched.off("sentinelError", sentinelError)
           }
@@ -693,8 +906,10 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
       return reported === own || isGivingUp(cause) ? reported : `${reported} (${own})`
     }
 
-    const fail = (operation: string, cause: unknown, role: Role = "commands") =>
-      new BackendError({ operation, cause, endpoint, detail: detailOf(cause, role) })
+    const fail = (operation: string, cause: unknown, role: Role = "commands") => {
+      hideCredentials(cause)
+      return new BackendError({ operation, cause, endpoint, detail: detailOf(cause, role) })
+    }
 
     let closed = false
     const closedError = (operation: string) => backendClosed({ operation, backend: "Redis backend", endpoint })
@@ -785,6 +1000,21 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
 
     yield* watch(client, "commands")
 
+    /**
+     * Fails as soon as the commands connection refuses the server's certificate, or a sentinel's
+     * (or has done so since it was last ready): ioredis retries such a connection like any other (with
+     * `maxRetriesPerRequest: null`, until the command timeout), though no retry can succeed.
+     */
+    const certificateRefused: Effect.Effect<never, BackendError> = Effect.async<never, BackendError>((resume) => {
+      const last = lastError.get("commands")
+      if (last !== undefined && last.certificate) return resume(Effect.fail(fail("connect", last.error)))
+      const waiting = (error: unknown) => resume(Effect.fail(fail("connect", error)))
+      refusedCertificate.add(waiting)
+      return Effect.sync(() => {
+        refusedCertificate.delete(waiting)
+      })
+    })
+
     return {
       endpoint,
       watch,
@@ -806,7 +1036,7 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
         cancel: (request) => Effect.mapError(service.cancel(request), locate),
         subscribe: (key, holder, mode) => Effect.mapError(service.subscribe(key, holder, mode), locate)
       }),
-      ping: Effect.asVoid(call("connect", () => client.ping())),
+      ping: Effect.raceFirst(Effect.asVoid(call("connect", () => client.ping())), certificateRefused),
       report
     } satisfies ClientTracker
   })

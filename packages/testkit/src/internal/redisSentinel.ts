@@ -8,8 +8,16 @@
 import { Clock, Duration, Effect, Either, ExecutionStrategy, Exit, Option, Scope } from "effect"
 import type { Address, RedisServer } from "../RedisServer.js"
 import type { AwaitMasterOptions, Node, Options, RedisSentinel, Role } from "../RedisSentinel.js"
-import type { Reply } from "./redisServer.js"
-import { call as callWithin, HOST, launch, RedisServerError, ReplyError, serverBin } from "./redisServer.js"
+import type { Reply, TlsClient } from "./redisServer.js"
+import {
+  call as callWithin,
+  certificatesFor,
+  HOST,
+  launch,
+  RedisServerError,
+  ReplyError,
+  serverBin
+} from "./redisServer.js"
 import * as TcpProxy from "./tcpProxy.js"
 
 const DEFAULT_REPLICAS = 2
@@ -31,14 +39,17 @@ const CUT_ATTEMPTS = 3
 const DEFAULT_PRIORITY = 100
 
 
-/** One command on a fresh connection to `port`, within `timeout`. */
-const call = (port: number, args: ReadonlyArray<string>, timeout: Duration.Duration = CALL_TIMEOUT) =>
-  callWithin(port, args, timeout)
+/** How the topology's processes are reached: in plain text, or over TLS trusting their CA. */
+type Call = (port: number, args: ReadonlyArray<string>, timeout?: Duration.Duration) => Effect.Effect<Reply, RedisServerError>
+
+/** One command on a fresh connection to `port` (TLS with `secure`), within `timeout`. */
+const callOver = (secure: TlsClient | undefined): Call => (port, args, timeout = CALL_TIMEOUT) =>
+  callWithin(port, args, timeout, secure)
 
 const text = (reply: Reply): string => (typeof reply === "string" ? reply : "")
 
 /** `INFO <section>` as a field map. */
-const info = (port: number, section: string): Effect.Effect<ReadonlyMap<string, string>, RedisServerError> =>
+const infoOver = (call: Call) => (port: number, section: string): Effect.Effect<ReadonlyMap<string, string>, RedisServerError> =>
   Effect.map(call(port, ["INFO", section]), (reply) => {
     const fields = new Map<string, string>()
     for (const line of text(reply).split(/\r?\n/)) {
@@ -57,7 +68,7 @@ const fieldsOf = (reply: Reply): ReadonlyMap<string, string> => {
   return fields
 }
 
-const roleOf = (port: number): Effect.Effect<Role | "sentinel", RedisServerError> =>
+const roleOver = (call: Call) => (port: number): Effect.Effect<Role | "sentinel", RedisServerError> =>
   Effect.flatMap(call(port, ["ROLE"]), (reply) => {
     const first = Array.isArray(reply) ? reply[0] : undefined
     switch (first) {
@@ -213,7 +224,8 @@ const openProxy = (
 const lockArgs = ["ACL", "SETUSER", "default", "-replicaof", "-slaveof", "+replicaof|no", "+slaveof|no"]
 const unlockArgs = ["ACL", "SETUSER", "default", "+replicaof", "+slaveof"]
 
-const toNode = (name: string, server: RedisServer): Node => ({
+const nodeOver = (roleOf: (port: number) => Effect.Effect<Role | "sentinel", RedisServerError>) =>
+(name: string, server: RedisServer): Node => ({
   ...server,
   name,
   role: Effect.flatMap(roleOf(server.port), (role) =>
@@ -251,9 +263,14 @@ export const make = (options: Options = {}): Effect.Effect<RedisSentinel, RedisS
     const startTimeout = decode(options.startTimeout, DEFAULT_START_TIMEOUT)
     const extra = options.args ?? []
     const topology = yield* Effect.scope
+    const certificates = yield* certificatesFor(options.tls)
+    const tls = certificates === undefined ? {} : { tls: certificates }
+    const call = callOver(certificates)
+    const info = infoOver(call)
+    const toNode = nodeOver(roleOver(call))
 
     const dataServer = (lines: ReadonlyArray<string>): Effect.Effect<RedisServer, RedisServerError, Scope.Scope> =>
-      launch({ bin, startTimeout, cluster: false, configFile: dataConfig(lines), args: () => extra })
+      launch({ bin, startTimeout, cluster: false, configFile: dataConfig(lines), args: () => extra, ...tls })
 
     const primary = toNode("primary", yield* dataServer([]))
     const links: ReadonlyArray<Link> = yield* Effect.forEach(
@@ -361,7 +378,8 @@ export const make = (options: Options = {}): Effect.Effect<RedisSentinel, RedisS
               failoverTimeout,
               parallelSyncs: replicaCount
             }),
-            args: () => ["--sentinel"]
+            args: () => ["--sentinel"],
+            ...tls
           })
           yield* tune(server)
           const sentinel: RedisServer = { ...server, restart: Effect.zipRight(server.restart, tune(server)) }
@@ -703,6 +721,7 @@ export const make = (options: Options = {}): Effect.Effect<RedisSentinel, RedisS
 
     const handle: RedisSentinel = {
       name,
+      ca: certificates?.ca,
       sentinels,
       sentinelAddresses,
       primary,

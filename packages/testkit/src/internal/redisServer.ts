@@ -11,8 +11,17 @@ import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
+import * as tls from "node:tls"
 import { Data, Deferred, Duration, Effect, Exit, Option, Ref, Schedule, Scope } from "effect"
-import type { Address, ClusterOptions, Options, RedisCluster, RedisServer } from "../RedisServer.js"
+import type {
+  Address,
+  Certificates,
+  ClusterOptions,
+  Options,
+  RedisCluster,
+  RedisServer,
+  TlsOptions
+} from "../RedisServer.js"
 
 /** Every failure of the launcher. */
 export class RedisServerError extends Data.TaggedError("RedisServerError")<{
@@ -239,14 +248,31 @@ const encode = (args: ReadonlyArray<string>): string =>
 /** The cause of a call's failure when the server answered with an error reply. */
 export class ReplyError extends Error {}
 
-/** Sends one command on a fresh connection and reads its reply, within `timeout`. */
+/**
+ * How the launcher reaches a TLS server: trusting `ca`, whatever names the certificate carries (a
+ * test may give it a certificate for another host on purpose; the launcher only checks it is up).
+ */
+export interface TlsClient {
+  readonly ca: string
+}
+
+const connect = (port: number, secure: TlsClient | undefined): net.Socket =>
+  secure === undefined
+    ? net.createConnection({ host: HOST, port })
+    : tls.connect({ host: HOST, port, ca: secure.ca, checkServerIdentity: () => undefined })
+
+/**
+ * Sends one command on a fresh connection (TLS with `secure`) and reads its reply, within
+ * `timeout`.
+ */
 export const call = (
   port: number,
   args: ReadonlyArray<string>,
-  timeout: Duration.Duration
+  timeout: Duration.Duration,
+  secure?: TlsClient
 ): Effect.Effect<Reply, RedisServerError> =>
   Effect.async<Reply, RedisServerError>((resume) => {
-    const socket = net.createConnection({ host: HOST, port })
+    const socket = connect(port, secure)
     let buffer = Buffer.alloc(0)
     let settled = false
     const settle = (effect: Effect.Effect<Reply, RedisServerError>) => {
@@ -258,7 +284,7 @@ export const call = (
     const fail = (message: string, cause?: unknown) =>
       settle(Effect.fail(new RedisServerError({ message: `${args.join(" ")} on ${HOST}:${port}: ${message}`, cause })))
     socket.setNoDelay(true)
-    socket.on("connect", () => socket.write(encode(args)))
+    socket.on(secure === undefined ? "connect" : "secureConnect", () => socket.write(encode(args)))
     socket.on("data", (chunk: Buffer) => {
       buffer = Buffer.concat([buffer, chunk])
       const parsed = parse(buffer, 0)
@@ -285,18 +311,23 @@ export const call = (
 export const command = (
   port: number,
   args: ReadonlyArray<string>,
-  timeout: Duration.Duration
+  timeout: Duration.Duration,
+  secure?: TlsClient
 ): Effect.Effect<string | null, RedisServerError> =>
-  Effect.map(call(port, args, timeout), (reply) =>
+  Effect.map(call(port, args, timeout, secure), (reply) =>
     typeof reply === "number" ? String(reply) : typeof reply === "string" || reply === null ? reply : JSON.stringify(reply))
 
 /**
  * One PING; succeeds on PONG, and on NOAUTH: a server started with `--requirepass` answers an
  * unauthenticated PING that way, and it is up.
  */
-export const ping = (port: number, timeout: Duration.Duration): Effect.Effect<void, RedisServerError> =>
+export const ping = (
+  port: number,
+  timeout: Duration.Duration,
+  secure?: TlsClient
+): Effect.Effect<void, RedisServerError> =>
   Effect.flatMap(
-    command(port, ["PING"], timeout).pipe(
+    command(port, ["PING"], timeout, secure).pipe(
       Effect.catchIf((error) => error.message.startsWith(`PING on ${HOST}:${port}: NOAUTH`), () => Effect.succeed("PONG"))
     ),
     (reply) =>
@@ -453,8 +484,13 @@ const terminate = (proc: Proc): Effect.Effect<void> =>
   })
 
 /** Polls PING until PONG, failing early (with the log tail) if the process exits first. */
-const waitReady = (proc: Proc, port: number, timeout: Duration.Duration): Effect.Effect<void, RedisServerError> => {
-  const pong = ping(port, PING_ATTEMPT).pipe(Effect.retry(Schedule.spaced(POLL_INTERVAL)))
+const waitReady = (
+  proc: Proc,
+  port: number,
+  timeout: Duration.Duration,
+  secure: TlsClient | undefined
+): Effect.Effect<void, RedisServerError> => {
+  const pong = ping(port, PING_ATTEMPT, secure).pipe(Effect.retry(Schedule.spaced(POLL_INTERVAL)))
   const exitedEarly = Effect.flatMap(Deferred.await(proc.exited), (info) =>
     Effect.fail(
       new RedisServerError({
@@ -481,6 +517,113 @@ const waitReady = (proc: Proc, port: number, timeout: Duration.Duration): Effect
 const addressInUse = (error: RedisServerError): boolean => /address already in use|EADDRINUSE/i.test(error.message)
 
 // ---------------------------------------------------------------------------------------------
+// certificates
+// ---------------------------------------------------------------------------------------------
+
+const DEFAULT_ALT_NAMES: ReadonlyArray<string> = [HOST, "localhost"]
+const OPENSSL_TIMEOUT = Duration.seconds(10)
+
+/** A temp dir removed when the scope closes (or when the Node process exits first). */
+const tempDir = (prefix: string): Effect.Effect<string, RedisServerError, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.tryPromise({
+      try: () => fs.mkdtemp(path.join(os.tmpdir(), prefix)),
+      catch: (cause) => new RedisServerError({ message: `cannot create a temp dir: ${String(cause)}`, cause })
+    }).pipe(Effect.tap((dir) => Effect.sync(() => leftovers().dirs.add(dir)))),
+    (dir) =>
+      Effect.promise(() => fs.rm(dir, { recursive: true, force: true }).catch(() => undefined)).pipe(
+        Effect.zipRight(Effect.sync(() => leftovers().dirs.delete(dir)))
+      )
+  )
+
+const isIp = (name: string): boolean => net.isIP(name) !== 0
+
+/**
+ * `RedisServer.makeCertificates`: a CA and a server certificate for `altNames` (default 127.0.0.1
+ * and localhost), P-256 keys, valid for two days, made with `openssl` in a temp dir.
+ */
+export const makeCertificates = (
+  options: TlsOptions = {}
+): Effect.Effect<Certificates, RedisServerError, Scope.Scope> =>
+  Effect.gen(function*() {
+    const altNames = options.altNames ?? DEFAULT_ALT_NAMES
+    if (altNames.length === 0 || altNames.some((name) => !/^[A-Za-z0-9.:*-]+$/.test(name))) {
+      return yield* new RedisServerError({ message: `invalid certificate names: ${JSON.stringify(altNames)}` })
+    }
+    const dir = yield* tempDir("lockstep-tls-")
+    const file = (name: string) => path.join(dir, name)
+    const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    const openssl = (args: ReadonlyArray<string>) => runCommand("openssl", args, OPENSSL_TIMEOUT)
+    yield* openssl([
+      "req", "-x509", "-new", ...ec, "-keyout", file("ca.key"), "-out", file("ca.crt"), "-days", "2",
+      "-subj", "/CN=lockstep test CA",
+      "-addext", "basicConstraints=critical,CA:TRUE",
+      "-addext", "keyUsage=critical,keyCertSign,cRLSign"
+    ])
+    yield* openssl(["req", "-new", ...ec, "-keyout", file("server.key"), "-out", file("server.csr"), "-subj", `/CN=${altNames[0]}`])
+    const san = altNames.map((name) => (isIp(name) ? `IP:${name}` : `DNS:${name}`)).join(",")
+    yield* Effect.tryPromise({
+      try: () =>
+        fs.writeFile(
+          file("server.ext"),
+          `subjectAltName=${san}\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyAgreement\nextendedKeyUsage=serverAuth,clientAuth\n`
+        ),
+      catch: (cause) => new RedisServerError({ message: `cannot write ${file("server.ext")}: ${String(cause)}`, cause })
+    })
+    yield* openssl([
+      "x509", "-req", "-in", file("server.csr"), "-CA", file("ca.crt"), "-CAkey", file("ca.key"),
+      "-CAcreateserial", "-out", file("server.crt"), "-days", "2", "-extfile", file("server.ext")
+    ])
+    const ca = yield* Effect.tryPromise({
+      try: () => fs.readFile(file("ca.crt"), "utf8"),
+      catch: (cause) => new RedisServerError({ message: `cannot read ${file("ca.crt")}: ${String(cause)}`, cause })
+    })
+    const certificates: Certificates = {
+      dir,
+      ca,
+      caFile: file("ca.crt"),
+      certFile: file("server.crt"),
+      keyFile: file("server.key"),
+      altNames
+    }
+    return certificates
+  })
+
+/**
+ * The arguments of a server that speaks TLS only, on `port` (no plaintext port), without client
+ * certificates; in a cluster, the bus speaks TLS too.
+ */
+const tlsArgs = (certificates: Certificates, port: number, cluster: boolean): ReadonlyArray<string> => [
+  "--port",
+  "0",
+  "--tls-port",
+  String(port),
+  "--tls-cert-file",
+  certificates.certFile,
+  "--tls-key-file",
+  certificates.keyFile,
+  "--tls-ca-cert-file",
+  certificates.caFile,
+  "--tls-auth-clients",
+  "no",
+  "--tls-replication",
+  "yes",
+  ...(cluster ? ["--tls-cluster", "yes"] : [])
+]
+
+/** The certificates `tls` asks for: none, new ones (in the scope), or the ones given. */
+export const certificatesFor = (
+  option: Options["tls"]
+): Effect.Effect<Certificates | undefined, RedisServerError, Scope.Scope> =>
+  option === undefined || option === false
+    ? Effect.succeed(undefined)
+    : option === true
+    ? makeCertificates()
+    : "certFile" in option
+    ? Effect.succeed(option)
+    : makeCertificates(option)
+
+// ---------------------------------------------------------------------------------------------
 // servers
 // ---------------------------------------------------------------------------------------------
 
@@ -494,6 +637,8 @@ export interface Launch {
    * `CONFIG REWRITE` (which sentinels rely on) works and a restart keeps what was rewritten.
    */
   readonly configFile?: string
+  /** The server speaks TLS only, on its port, with these certificates. */
+  readonly tls?: Certificates
 }
 
 interface Running {
@@ -503,16 +648,7 @@ interface Running {
 
 export const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerError, Scope.Scope> =>
   Effect.gen(function*() {
-    const dir = yield* Effect.acquireRelease(
-      Effect.tryPromise({
-        try: () => fs.mkdtemp(path.join(os.tmpdir(), "lockstep-redis-")),
-        catch: (cause) => new RedisServerError({ message: `cannot create a temp dir: ${String(cause)}`, cause })
-      }).pipe(Effect.tap((dir) => Effect.sync(() => leftovers().dirs.add(dir)))),
-      (dir) =>
-        Effect.promise(() => fs.rm(dir, { recursive: true, force: true }).catch(() => undefined)).pipe(
-          Effect.zipRight(Effect.sync(() => leftovers().dirs.delete(dir)))
-        )
-    )
+    const dir = yield* tempDir("lockstep-redis-")
     const configPath = config.configFile === undefined ? undefined : path.join(dir, "redis.conf")
     if (configPath !== undefined) {
       yield* Effect.tryPromise({
@@ -541,6 +677,7 @@ export const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerEr
       "no",
       "--dir",
       dir,
+      ...(config.tls === undefined ? [] : tlsArgs(config.tls, port, config.cluster)),
       ...config.args(port)
     ]
 
@@ -561,7 +698,7 @@ export const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerEr
             Effect.tapError(() => Scope.close(scope, Exit.void))
           )
           yield* Ref.set(current, Option.some({ proc, scope }))
-          yield* restore(waitReady(proc, port, config.startTimeout)).pipe(
+          yield* restore(waitReady(proc, port, config.startTimeout, config.tls)).pipe(
             Effect.onError(() =>
               forceKill(proc, port).pipe(
                 Effect.ignore,
@@ -628,7 +765,8 @@ export const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerEr
     const server: RedisServer = {
       host: HOST,
       port,
-      url: `redis://${HOST}:${port}`,
+      url: `${config.tls === undefined ? "redis" : "rediss"}://${HOST}:${port}`,
+      ca: config.tls?.ca,
       dir,
       pid: Effect.map(running, Option.map((proc) => proc.pid)),
       isRunning: Effect.map(running, Option.isSome),
@@ -646,18 +784,22 @@ const decode = (input: Duration.DurationInput | undefined, fallback: Duration.Du
 
 /** `RedisServer.make`. */
 export const make = (options: Options = {}): Effect.Effect<RedisServer, RedisServerError, Scope.Scope> =>
-  Effect.suspend(() => {
+  Effect.flatMap(certificatesFor(options.tls), (certificates) => {
     const extra = options.args ?? []
     return launch({
       bin: serverBin(options.bin),
       startTimeout: decode(options.startTimeout, DEFAULT_START_TIMEOUT),
       cluster: false,
-      args: () => extra
+      args: () => extra,
+      ...(certificates === undefined ? {} : { tls: certificates })
     })
   })
 
-const clusterInfo = (port: number): Effect.Effect<string, RedisServerError> =>
-  Effect.map(command(port, ["CLUSTER", "INFO"], PING_ATTEMPT), (reply) => reply ?? "")
+const clusterInfo = (node: RedisServer): Effect.Effect<string, RedisServerError> =>
+  Effect.map(
+    command(node.port, ["CLUSTER", "INFO"], PING_ATTEMPT, node.ca === undefined ? undefined : { ca: node.ca }),
+    (reply) => reply ?? ""
+  )
 
 const infoField = (info: string, field: string): string | undefined =>
   info.split(/\r?\n/).find((line) => line.startsWith(`${field}:`))?.slice(field.length + 1).trim()
@@ -679,7 +821,7 @@ export const awaitHealthy = (
     const healthy = (node: RedisServer) =>
       Effect.flatMap(node.isRunning, (isRunning) =>
         isRunning
-          ? clusterInfo(node.port).pipe(
+          ? clusterInfo(node).pipe(
             Effect.tap((info) => Effect.sync(() => last.set(node.port, info))),
             Effect.filterOrFail(
               (info) =>
@@ -715,6 +857,7 @@ export const makeCluster = (options: ClusterOptions = {}): Effect.Effect<RedisCl
     const startTimeout = decode(options.startTimeout, DEFAULT_START_TIMEOUT)
     const clusterTimeout = decode(options.clusterTimeout, DEFAULT_CLUSTER_TIMEOUT)
     const extra = options.args ?? []
+    const certificates = yield* certificatesFor(options.tls)
     const nodes: ReadonlyArray<RedisServer> = yield* Effect.forEach(
       Array.from({ length: masters }, (_, i) => i),
       () =>
@@ -730,12 +873,14 @@ export const makeCluster = (options: ClusterOptions = {}): Effect.Effect<RedisCl
             "--cluster-node-timeout",
             "2000",
             ...extra
-          ]
+          ],
+          ...(certificates === undefined ? {} : { tls: certificates })
         })
     )
     yield* runCommand(
       cli,
       [
+        ...(certificates === undefined ? [] : ["--tls", "--cacert", certificates.caFile]),
         "--cluster",
         "create",
         ...nodes.map((node) => `${node.host}:${node.port}`),
