@@ -10,7 +10,7 @@ import { afterAll, assert, describe, it } from "@effect/vitest"
 import { Config, Context, Effect, Fiber, Layer, Option, Redacted } from "effect"
 import { SqlClient } from "@effect/sql/SqlClient"
 import { Lock } from "@lockstep/core"
-import type { LockBackend } from "@lockstep/core/LockBackend"
+import { LockBackend } from "@lockstep/core/LockBackend"
 import { SqlBackend } from "@lockstep/sql"
 import * as Conformance from "@lockstep/testkit/Conformance"
 import { clientLayer, type Database, database, losingData } from "./databases.js"
@@ -137,6 +137,20 @@ for (const kind of ["pg", "mysql"] as const) {
         assert.isBelow(grantedAt - hold.releasedAt, 1_000)
       }).pipe(Effect.orDie), 30_000)
 
+    it.scopedLive("forceRelease as that role frees a held key, and another holder gets in", () =>
+      Effect.gen(function*() {
+        const key = `force-${crypto.randomUUID()}`
+        const mine = yield* Layer.build(SqlBackend.layer(restricted).pipe(Layer.provide(appDb.client)))
+        const theirs = yield* Layer.build(SqlBackend.layer(restricted).pipe(Layer.provide(appDb.client)))
+        const held = yield* Effect.provide(Lock.make(key), mine)
+        const other = yield* Effect.provide(Lock.make(key), theirs)
+        yield* Lock.acquire(held)
+        assert.isTrue(Option.isNone(yield* Effect.scoped(Lock.tryAcquire(other))), "held: the other is kept out")
+        assert.isTrue(yield* Context.get(theirs, LockBackend).forceRelease({ key, id: crypto.randomUUID() }))
+        assert.isFalse(yield* Lock.isLocked(other))
+        assert.isTrue(Option.isSome(yield* Effect.scoped(Lock.tryAcquire(other))), "freed: the other gets in")
+      }).pipe(Effect.orDie), 30_000)
+
     it.scopedLive("the sweeper deletes expired rows of both tables as that role", () =>
       Effect.gen(function*() {
         const key = `sweep-${crypto.randomUUID()}`
@@ -198,6 +212,23 @@ for (const kind of ["pg", "mysql"] as const) {
         assert.include(error, kind === "pg" ? "permission denied for table lockstep_locks" : `INSERT, UPDATE command denied to user '${reader}'`)
         assert.include(error, "the backend needs SELECT, INSERT, UPDATE and DELETE on lockstep_locks and lockstep_locks_ended")
       }))
+
+    if (kind === "pg") {
+      it.scopedLive("tables in a schema of their own: USAGE on it is needed, and its lack is named", () =>
+        Effect.gen(function*() {
+          const schema = `locks_${suffix}`
+          const options = { ...restricted, schema }
+          yield* SqlBackend.migrate(options).pipe(Effect.provide(db.client))
+          const owner = Context.get(yield* Layer.build(db.client), SqlClient)
+          yield* owner.unsafe(`GRANT SELECT, INSERT, UPDATE, DELETE ON ${schema}.lockstep_locks, ${schema}.lockstep_locks_ended TO ${app}`)
+          const error = yield* layerFailure("pg no USAGE on schema", backendOn(appDb, options))
+          assert.include(error, `permission denied for schema ${schema}`)
+          assert.include(error, "USAGE on their schema")
+          yield* owner.unsafe(`GRANT USAGE ON SCHEMA ${schema} TO ${app}`)
+          const lock = yield* Effect.provide(Lock.make("in-schema"), yield* Layer.build(backendOn(appDb, options)))
+          assert.isAbove(yield* Effect.scoped(Effect.map(Lock.acquire(lock), (lease) => lease.fence)), 0)
+        }).pipe(Effect.orDie), 30_000)
+    }
 
     it.scopedLive("a table that was never made fails the layer at once, pointing at SqlBackend.migrate", () =>
       Effect.gen(function*() {
