@@ -55,8 +55,12 @@ export interface Options {
   /** The table (and `<table>_ended` beside it). Default `lockstep_locks`. Up to 57 letters, digits and underscores. */
   readonly table?: string | undefined
   /**
-   * Create the table (and, on PostgreSQL, the schema) if it does not exist. Default `true`; with
-   * `false`, create it beforehand with `SqlBackend.migrate`.
+   * Create the table (and, on PostgreSQL, the schema) if it does not exist. Default `true`, which
+   * needs the right to create in the schema even where the tables exist; with `false`, create them
+   * beforehand with `SqlBackend.migrate`, and the backend needs only `SELECT`, `INSERT`, `UPDATE`
+   * and `DELETE` on both tables (and, on PostgreSQL, `USAGE` on their schema): the layer uses each
+   * once as it starts, and fails with `BackendError` (operation `"checkTables"`) naming a table it
+   * may not use or that is missing.
    */
   readonly createSchema?: boolean | undefined
   /**
@@ -146,6 +150,12 @@ export const layer = (options?: Options): Layer.Layer<LockBackend, BackendError 
  * `"connect"`) naming the endpoint and the driver's reason, e.g. `lock backend failed during
  * connect on PostgreSQL 10.0.0.5:5432/app: role "app" does not exist` (never the password). An
  * unset variable fails it with a `ConfigError` that names the variable.
+ *
+ * TLS to PostgreSQL: node-postgres's URL parameters, e.g.
+ * `?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem` (node-postgres checks the certificate under
+ * `sslmode=require` too; `&uselibpqcompat=true` gives `require` libpq's meaning, unchecked). A
+ * certificate it cannot trust fails the layer the same way, e.g. `…: unable to verify the first
+ * certificate`.
  *
  * @example
  * ```ts

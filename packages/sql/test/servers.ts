@@ -5,7 +5,7 @@
  * machine's shared services.
  */
 import { execFile, spawn } from "node:child_process"
-import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
+import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -18,6 +18,8 @@ export interface OwnServer {
   readonly url: string
   /** Stops the server cleanly and starts it again on the same port and data. */
   readonly restart: Effect.Effect<void>
+  /** With `ssl`: the file of the CA certificate that signed the server's. */
+  readonly caFile?: string | undefined
 }
 
 const postgresBin = (() => {
@@ -78,10 +80,38 @@ const until = (check: Effect.Effect<unknown>, seconds: number): Effect.Effect<vo
   })
 
 /**
+ * A throwaway CA and a server certificate it signed for `localhost` and `127.0.0.1`, in `dir/tls`:
+ * `ca.crt`, `server.crt` and `server.key` (mode 0600, owned by `owner` when the tests run as root).
+ */
+const certificates = (dir: string, owner?: "postgres"): Effect.Effect<{ readonly ca: string; readonly cert: string; readonly key: string }> =>
+  Effect.gen(function*() {
+    const tls = join(dir, "tls")
+    mkdirSync(tls)
+    const file = (name: string) => join(tls, name)
+    const openssl = (...args: ReadonlyArray<string>) => run("openssl", args)
+    yield* openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=lockstep test CA",
+      "-keyout", file("ca.key"), "-out", file("ca.crt"))
+    yield* openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", file("server.key"), "-out", file("server.csr"))
+    writeFileSync(file("server.ext"), "subjectAltName = IP:127.0.0.1, DNS:localhost\n")
+    yield* openssl("x509", "-req", "-in", file("server.csr"), "-CA", file("ca.crt"), "-CAkey", file("ca.key"), "-CAcreateserial",
+      "-days", "2", "-extfile", file("server.ext"), "-out", file("server.crt"))
+    chmodSync(file("server.key"), 0o600)
+    if (owner !== undefined && isRoot) {
+      for (const name of ["server.crt", "server.key"]) chownSync(file(name), ...postgresIds())
+    }
+    return { ca: file("ca.crt"), cert: file("server.crt"), key: file("server.key") }
+  })
+
+/**
  * A PostgreSQL cluster of the test's own, with database `lockstep`. With `password`, connections
  * over TCP must give it (as user `postgres`); the socket in its directory stays open to the test.
+ * With `ssl`, TCP connections must use TLS (plaintext ones are refused), with a certificate for
+ * `localhost` and `127.0.0.1` signed by a CA of the server's own (`caFile`); the server also
+ * listens on 127.0.0.2, a loopback address the certificate does not name.
  */
-export const ownPostgresWith = (options: { readonly password?: string | undefined }): Effect.Effect<OwnServer, never, Scope.Scope> =>
+export const ownPostgresWith = (
+  options: { readonly password?: string | undefined; readonly ssl?: boolean | undefined }
+): Effect.Effect<OwnServer, never, Scope.Scope> =>
   Effect.gen(function*() {
     const bin = postgresBin!
     const dir = yield* temporaryDirectory("lockstep-pg-", "postgres")
@@ -95,7 +125,16 @@ export const ownPostgresWith = (options: { readonly password?: string | undefine
       if (isRoot) chownSync(join(dir, "password"), ...postgresIds())
     }
     yield* run(join(bin, "initdb"), ["-D", data, ...auth, "-U", "postgres", "--no-sync"], true)
-    const serverOptions = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off`
+    const tls = options.ssl === true ? yield* certificates(dir, "postgres") : undefined
+    if (tls !== undefined) {
+      // TCP only over TLS: no `host` line, so a plaintext connection finds no entry
+      const method = options.password === undefined ? "trust" : "scram-sha-256"
+      writeFileSync(join(data, "pg_hba.conf"), `local all all trust\nhostssl all all 127.0.0.0/8 ${method}\n`)
+    }
+    const serverOptions = tls === undefined
+      ? `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off`
+      : `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1,127.0.0.2 -c fsync=off -c ssl=on ` +
+        `-c ssl_cert_file=${tls.cert} -c ssl_key_file=${tls.key}`
     const ctl = (...args: ReadonlyArray<string>) => run(join(bin, "pg_ctl"), ["-D", data, "-w", ...args], true)
     // with its log in a file: a server that inherits pg_ctl's output keeps the pipe open
     const log = ["-o", serverOptions, "-l", join(dir, "log")]
@@ -106,7 +145,8 @@ export const ownPostgresWith = (options: { readonly password?: string | undefine
     return {
       kind: "pg" as const,
       url: `postgres://${credentials}@127.0.0.1:${port}/lockstep`,
-      restart: Effect.asVoid(ctl(...log, "-m", "fast", "restart"))
+      restart: Effect.asVoid(ctl(...log, "-m", "fast", "restart")),
+      caFile: tls?.ca
     }
   })
 

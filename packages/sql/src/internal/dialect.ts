@@ -53,8 +53,16 @@ export interface Dialect {
   readonly sweep: ReadonlyArray<Statement>
   /** `name, version` of the rows of `names` that exist. */
   readonly versions: (names: ReadonlyArray<string>) => Statement
+  /**
+   * Deletes the rows of `name` in both tables if they expired, as the sweep does: with `lockRows`,
+   * `write` and `readEnded`, every right the backend uses at run time, for the check made at
+   * start when it does not create the tables.
+   */
+  readonly forget: (name: string) => ReadonlyArray<Statement>
   /** Whether a failed transaction may simply be run again (a lost insert race, a deadlock). */
   readonly retryable: (cause: unknown) => boolean
+  /** Why a statement failed, where the backend can say what to do about it: a right missing, a table missing. */
+  readonly refusal: (cause: unknown) => "denied" | "missing" | undefined
 }
 
 export interface Table {
@@ -114,6 +122,12 @@ const rowsParams = (rows: ReadonlyArray<RowWrite>): ReadonlyArray<unknown> =>
 const sweepOf = (t: string, e: string, now: string): ReadonlyArray<Statement> => [
   { sql: `DELETE FROM ${t} WHERE expires_at < ${now}`, params: [] },
   { sql: `DELETE FROM ${e} WHERE expires_at < ${now}`, params: [] }
+]
+
+/** `forget` with `?` or `$1` for the name. */
+const forgetOf = (t: string, e: string, now: string, param: string) => (name: string): ReadonlyArray<Statement> => [
+  { sql: `DELETE FROM ${t} WHERE name = ${param} AND expires_at < ${now}`, params: [name] },
+  { sql: `DELETE FROM ${e} WHERE name = ${param} AND expires_at < ${now}`, params: [name] }
 ]
 
 /** The reads MySQL and SQLite write alike, with `?` placeholders. */
@@ -182,11 +196,17 @@ const postgres = (table: Table): Dialect => {
       params: [name, ids]
     }),
     sweep: sweepOf(t, e, now),
+    forget: forgetOf(t, e, now, "$1"),
     versions: (names) => ({ sql: `SELECT name, version FROM ${t} WHERE name = ANY($1::text[])`, params: [names] }),
     retryable: (cause) => {
       const code = causeOf(cause)["code"]
       // unique_violation (a row deleted and created again under us), deadlock, serialization
       return code === "23505" || code === "40P01" || code === "40001"
+    },
+    refusal: (cause) => {
+      const code = causeOf(cause)["code"]
+      // insufficient_privilege; undefined_table, invalid_schema_name
+      return code === "42501" ? "denied" : code === "42P01" || code === "3F000" ? "missing" : undefined
     }
   }
 }
@@ -238,10 +258,16 @@ const mysql = (table: Table): Dialect => {
       })
     ),
     sweep: sweepOf(t, e, now),
+    forget: forgetOf(t, e, now, "?"),
     retryable: (cause) => {
       const errno = causeOf(cause)["errno"]
       // ER_DUP_ENTRY, ER_LOCK_DEADLOCK
       return errno === 1062 || errno === 1213
+    },
+    refusal: (cause) => {
+      const errno = causeOf(cause)["errno"]
+      // ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR; ER_NO_SUCH_TABLE
+      return errno === 1142 || errno === 1143 || errno === 1044 ? "denied" : errno === 1146 ? "missing" : undefined
     }
   }
 }
@@ -283,9 +309,15 @@ const sqlite = (table: Table): Dialect => {
       })
     ),
     sweep: sweepOf(t, e, now),
+    forget: forgetOf(t, e, now, "?"),
     // BEGIN IMMEDIATE found the write lock taken (it is taken without waiting: see sqlBackend.ts),
     // after which nothing conflicts
-    retryable: (cause) => String(causeOf(cause)["code"] ?? "").startsWith("SQLITE_BUSY")
+    retryable: (cause) => String(causeOf(cause)["code"] ?? "").startsWith("SQLITE_BUSY"),
+    // better-sqlite3 says "no such table" with the generic SQLITE_ERROR
+    refusal: (cause) => {
+      const inner = causeOf(cause)
+      return typeof inner["message"] === "string" && inner["message"].startsWith("no such table") ? "missing" : undefined
+    }
   }
 }
 

@@ -451,7 +451,24 @@ export const make = (
     }
 
     // ---- schema, sweeping, notifications ----------------------------------------------------
-    if (settings?.createSchema !== false) yield* createSchema(sql, dialect, endpoint)
+    if (settings?.createSchema !== false) {
+      yield* createSchema(sql, dialect, endpoint).pipe(Effect.mapError((error) => explained(error, dialect, table, "create")))
+    } else {
+      // every right the backend uses at run time, used once on a row of its own that it leaves as
+      // it found it (absent): a role short of one fails here, not at its first lock
+      const probe = `lockstep-check:${clientId}`
+      yield* inTransaction("checkTables", (connection) =>
+        Effect.forEach(
+          [
+            ...dialect.lockRows([probe]),
+            ...dialect.write([{ name: probe, state: "", expiresAt: 0, version: 0 }], [], { name: probe, ended: [["check", 0]] }),
+            dialect.readEnded(probe, ["check"]),
+            ...dialect.forget(probe)
+          ],
+          (statement) => execute(connection, statement),
+          { discard: true }
+        )).pipe(Effect.mapError((error) => explained(error, dialect, table, "use")))
+    }
 
     const sweep = inTransaction("sweep", (connection) => Effect.forEach(dialect.sweep, (statement) => execute(connection, statement)))
     yield* Effect.forkScoped(Effect.ignore(sweep).pipe(Effect.repeat(Schedule.spaced(sweepInterval)), Effect.interruptible))
@@ -521,10 +538,33 @@ const resolve = (
 const createSchema = (sql: SqlClient, dialect: Dialect.Dialect, endpoint: string): Effect.Effect<void, BackendError> =>
   Effect.forEach(dialect.createSchema, (statement) =>
     Effect.scoped(Effect.flatMap(sql.reserve, (connection) => connection.execute(statement, [], undefined))).pipe(
-      Effect.retry({ times: 1 })
+      Effect.retry({ times: 1, while: (cause) => dialect.refusal(cause) === undefined })
     ), { discard: true }).pipe(
       Effect.mapError((cause) => new BackendError({ operation: "createSchema", cause, endpoint, detail: describe(cause) }))
     )
+
+/**
+ * `error` with what to do about it, where the database refused for want of a right or of a table:
+ * the server's reason names the table or schema, not what the backend needs.
+ */
+const explained = (error: BackendError, dialect: Dialect.Dialect, table: Dialect.Table, doing: "create" | "use"): BackendError => {
+  const refusal = dialect.refusal(error.cause)
+  if (refusal === undefined) return error
+  const tables = `${table.table} and ${table.table}_ended`
+  const hint = doing === "create"
+    ? refusal === "denied"
+      ? "a role that may not create them needs the tables made beforehand with SqlBackend.migrate, and createSchema: false"
+      : undefined
+    : refusal === "denied"
+    ? `the backend needs SELECT, INSERT, UPDATE and DELETE on ${tables}${dialect.name === "pg" ? ", and USAGE on their schema" : ""}`
+    : `make ${tables} with SqlBackend.migrate, or build the backend with createSchema: true`
+  return hint === undefined ? error : new BackendError({
+    operation: error.operation,
+    cause: error.cause,
+    endpoint: error.endpoint,
+    detail: `${error.detail ?? describe(error.cause)} (${hint})`
+  })
+}
 
 /** `SqlBackend.migrate`: the table, without a backend. */
 export const migrate = (
