@@ -162,6 +162,28 @@ describe.runIf(available || required)("Redis backend as a least-privilege ACL us
       assert.isAbove(keys.length, 0)
     }))
 
+  it.scopedLive("on a Redis Cluster, a hash-tagged namespace and the documented rule with CLUSTER SLOTS and INFO", () =>
+    Effect.gen(function*() {
+      const cluster = yield* Effect.orDie(RedisServer.makeCluster({ masters: 3 }))
+      // the README's rule, in the namespace it advises for a cluster, and the command it adds
+      const tagged = "{lockstep}:"
+      const rule = [
+        ...namespaced.map((t) => t === `~${namespace}*` ? `~${tagged}*` : t === `&${namespace}*` ? `&${tagged}*` : t),
+        "+cluster|slots",
+        "+cluster|info"
+      ]
+      const admins = yield* Effect.forEach(cluster.nodes, admin)
+      yield* Effect.forEach(admins, (raw) => Effect.promise(() => raw.call("ACL", "SETUSER", "lockstep", ...rule)))
+      const backend = RedisBackend.layerFrom({
+        cluster: cluster.startupNodes,
+        options: { keyPrefix: tagged, redisOptions: { username: "lockstep", password: passwordOf(rule) } }
+      })
+      yield* exercise("").pipe(Effect.provide(backend))
+      const keys = (yield* Effect.forEach(admins, (raw) => Effect.promise(() => raw.keys("*")))).flat()
+      assert.isAbove(keys.length, 0)
+      assert.deepStrictEqual(keys.filter((k) => !k.startsWith(tagged)), [])
+    }), 60_000)
+
   describe("the Redis conformance suite as the documented user, in the namespace", () => {
     const restricted = Effect.gen(function*() {
       const { raw, server } = yield* serverWithUser("lockstep", namespaced)

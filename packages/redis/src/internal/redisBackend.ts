@@ -43,7 +43,7 @@ type Evalsha = (
  * channel, a forced release's ended keys), so that every key and channel a lock touches starts
  * with it ("": none).
  */
-export const namespaceOf = (client: Client): string => {
+const namespaceOf = (client: Client): string => {
   const prefix: unknown = client.options.keyPrefix
   return typeof prefix === "string" ? prefix : ""
 }
@@ -57,7 +57,7 @@ const scriptRefused = /can't run this command or subcommand.*@user_script:(\d+)/
  * `error` as the reply to script `s`: when the ACL user may not run a command the script calls,
  * an error that names that command (Redis names only the script's line); otherwise `error`.
  */
-export const permissionError = (s: Script, error: unknown): unknown => {
+const permissionError = (s: Script, error: unknown): unknown => {
   const line = error instanceof Error ? scriptRefused.exec(error.message) : null
   if (line === null) return error
   const source = s.lua.split("\n")[Number(line[1]) - 1] ?? ""
@@ -87,6 +87,8 @@ export const make = (
     const isCluster = "isCluster" in client && client.isCluster === true
     const quarantine = quarantineOf(tuning, isCluster)
     const namespace = namespaceOf(client)
+    /** The cluster slot of a lock's keys, as the server names them (in the namespace). */
+    const slotOf = namespace === "" ? calculateSlot : (key: string) => calculateSlot(namespace + key)
 
     /**
      * One script call: EVALSHA, and EVAL when the server does not know the script yet. Settles
@@ -100,7 +102,7 @@ export const make = (
         // ioredis flattens array arguments one level: the keys and arguments go as they are
         () => scripting.evalsha(s.sha, keys.length, keys, args),
         "commands",
-        isCluster ? calculateSlot(keys[0]!) : undefined,
+        isCluster ? slotOf(keys[0]!) : undefined,
         (error) => {
           if (isNoScript(error)) {
             return scripting.eval(s.lua, keys.length, keys, args).catch((cause: unknown) =>
@@ -153,7 +155,7 @@ export const make = (
           () => acknowledged.run(s, keys, args, needs),
           // a connection of its own: its health is not the commands connection's
           "acknowledged",
-          isCluster ? calculateSlot(keys[0]!) : undefined
+          isCluster ? slotOf(keys[0]!) : undefined
         )
 
     /** The error for `outcome`'s writes (a `what`) if too few replicas acknowledged them. */
@@ -285,7 +287,7 @@ export const make = (
       const groups: Array<Array<number>> = []
       const open = new Map<number, Array<number>>()
       requests.forEach((request, i) => {
-        const slot = isCluster ? calculateSlot(request.key) : 0
+        const slot = isCluster ? slotOf(request.key) : 0
         let group = open.get(slot)
         if (group === undefined || group.length >= renewBatchSize) {
           group = []

@@ -6,7 +6,9 @@
  * PEXPIRE; HGETALL, DEL, SET, PUBLISH).
  *
  * Layout of a lock named K (every key shares K's cluster slot: K has no braces, the others are
- * tagged `{K}`):
+ * tagged `{K}`). With the client's `keyPrefix` (the backend's namespace), every key and channel
+ * below starts with it: ioredis prefixes KEYS, and the backend prefixes the names it passes in ARGV
+ * (a latch's channel, a forced release's ended keys) and the channels it subscribes to.
  * - `K` (hash): Redisson's RLock layout — field `<clientId>:<n>` -> exclusive hold count, the key's
  *   PEXPIRE the lease — so a Redisson process and lockstep exclude each other on the same name.
  *   lockstep adds fields of its own under the `lockstep|` prefix (Redisson's scripts only test for
