@@ -1,12 +1,14 @@
 import { assert, describe, it } from "@effect/vitest"
 import { readFileSync } from "node:fs"
 import type { Scope } from "effect"
-import { Duration, Effect, Fiber, Layer } from "effect"
+import { Duration, Effect, Fiber, Layer, Option } from "effect"
 import { Redis } from "ioredis"
 import { CountDownLatch, Lock } from "@lockstep/core"
 import { RedisBackend } from "@lockstep/redis"
 import { FaultyBackend, RedisServer } from "@lockstep/testkit"
 import * as Conformance from "@lockstep/testkit/Conformance"
+import { permissionError } from "../src/internal/redisBackend.js"
+import * as scripts from "../src/internal/scripts/lock.js"
 
 // The README's least-privilege ACL rules, as documented: every test here creates its user with
 // exactly that text, so the documentation and what is tested cannot part ways.
@@ -76,10 +78,11 @@ const exercise = (prefix: string) =>
     assert.isBelow(Duration.toMillis(elapsed), 700, "the waiter was not woken by the release")
     // a forced release remembers the holders it dropped (their ended keys)
     const forced = yield* Lock.make(`${prefix}orders:8`, { lease: "1 second" })
-    yield* Effect.exit(Effect.scoped(Effect.gen(function*() {
-      yield* Lock.tryAcquire(forced)
-      assert.isTrue(yield* Lock.forceUnlock(forced))
-    })))
+    const unlocked = yield* Effect.scoped(Effect.gen(function*() {
+      assert.isTrue(Option.isSome(yield* Lock.tryAcquire(forced)))
+      return yield* Lock.forceUnlock(forced)
+    }))
+    assert.isTrue(unlocked)
     // a latch's channel
     const latch = yield* CountDownLatch.make(`${prefix}batch:1`)
     assert.isTrue(yield* CountDownLatch.trySetCount(latch, 1))
@@ -97,6 +100,22 @@ describe.runIf(available || required)("Redis backend as a least-privilege ACL us
     assert.deepStrictEqual(namespaced.filter((t) => t.startsWith("&")), [`&${namespace}*`])
     assert.isTrue(namespaced.includes("-@all"))
     assert.isFalse(namespaced.some((t) => t.startsWith("+@") || t === "allkeys" || t === "allchannels" || t === "allcommands"))
+  })
+
+  it("a key a script builds that the user may not access is named with the command that uses it", () => {
+    // the line of forceRelease's script that writes the ended keys it builds
+    const line = scripts.forceRelease.lua.split("\n").findIndex((l) => l.includes("endedPrefix .. h")) + 1
+    assert.isAbove(line, 0)
+    const refusal = new Error(
+      "ERR The user executing the script can't access at least one of the keys mentioned in the command arguments " +
+        `script: ${scripts.forceRelease.sha}, on @user_script:${line}.`
+    )
+    const error = permissionError(scripts.forceRelease, refusal)
+    assert.instanceOf(error, Error)
+    assert.match((error as Error).message, /^NOPERM this user has no permissions to access a key that the SET command names, in the forceRelease script/)
+    // any other error is left as it is
+    const other = new Error("ERR something else")
+    assert.strictEqual(permissionError(scripts.forceRelease, other), other)
   })
 
   it.scopedLive("a handle outside the namespace fails with a BackendError naming the missing permission", () =>
@@ -128,7 +147,7 @@ describe.runIf(available || required)("Redis backend as a least-privilege ACL us
         return yield* Lock.tryAcquire(lock)
       }))).pipe(Effect.provide(backend))
       assert.strictEqual(error._tag, "BackendError")
-      assert.match(error.message, /NOPERM this user has no permissions to run the HGETALL command, which the acquire script calls/)
+      assert.match(error.message, /NOPERM this user has no permissions to run the HGETALL command, in the acquire script/)
     }))
 
   it.scopedLive("wake-ups, latches, forced releases and the quarantine stay in the namespace", () =>

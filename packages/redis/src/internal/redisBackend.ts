@@ -50,21 +50,26 @@ const namespaceOf = (client: Client): string => {
 
 const isNoScript = (error: unknown) => error instanceof Error && error.message.startsWith("NOSCRIPT")
 
-/** Redis's refusal of a command a script calls, which names the script's line, not the command. */
-const scriptRefused = /can't run this command or subcommand.*@user_script:(\d+)/
+/**
+ * Redis's refusal of a command a script calls, or of a key it names, which says the script's line
+ * but not the command.
+ */
+const scriptRefused = /can't (run this command or subcommand|access at least one of the keys).*@user_script:(\d+)/
 
 /**
- * `error` as the reply to script `s`: when the ACL user may not run a command the script calls,
- * an error that names that command (Redis names only the script's line); otherwise `error`.
+ * `error` as the reply to script `s`: when the ACL user may not run a command the script calls (or
+ * access a key it names), an error that names that command (Redis names only the script's line);
+ * otherwise `error`.
  */
-const permissionError = (s: Script, error: unknown): unknown => {
-  const line = error instanceof Error ? scriptRefused.exec(error.message) : null
-  if (line === null) return error
-  const source = s.lua.split("\n")[Number(line[1]) - 1] ?? ""
-  const command = /(?:redis\.call|chunked)\('([A-Z]+)'/.exec(source)?.[1]
+export const permissionError = (s: Script, error: unknown): unknown => {
+  const refused = error instanceof Error ? scriptRefused.exec(error.message) : null
+  if (refused === null) return error
+  const source = s.lua.split("\n")[Number(refused[2]) - 1] ?? ""
+  const command = /(?:redis\.call|redis\.pcall|chunked)\('([A-Z]+)'/.exec(source)?.[1]
   const what = command === undefined ? "a command" : `the ${command} command`
+  const denied = refused[1]!.startsWith("run") ? `run ${what}` : `access a key that ${what} names`
   return new Error(
-    `NOPERM this user has no permissions to run ${what}, which the ${s.name} script calls (${(error as Error).message})`,
+    `NOPERM this user has no permissions to ${denied}, in the ${s.name} script (${(error as Error).message})`,
     { cause: error }
   )
 }
