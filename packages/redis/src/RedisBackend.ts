@@ -15,6 +15,13 @@
  * once per failing call. The backend listens to its connections' 'error' events, so ioredis never
  * prints "Unhandled error event" for them.
  *
+ * The client's ioredis `keyPrefix` is the backend's namespace: every key and channel a lock,
+ * semaphore or latch touches starts with it, so that an ACL user with one key pattern and one
+ * channel pattern (`~<prefix>* &<prefix>*`) can run it (the README's "Redis: least-privilege ACL"
+ * gives the whole rule). Without one, keys and channels keep Redisson's layout. A call the user
+ * may not make fails with a `BackendError` naming Redis's refusal (`NOPERM ...`), and for a command
+ * a script calls, the command.
+ *
  * A backend closes with the layer (or scope) that made it, also where the client is borrowed and
  * stays open: a handle used after that fails with a `BackendError` whose `cause` is
  * `LockError.BackendClosed` (`LockError.isBackendClosed`), and a waiter blocked at the close fails

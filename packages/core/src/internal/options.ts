@@ -9,8 +9,50 @@ const invalid = (field: string, reason: string) => Effect.fail(new InvalidLockOp
 /** A high surrogate not followed by a low one, or a low one not preceded by a high one. */
 const loneSurrogate = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
 
+/** A control character (Unicode's Cc: C0, DEL and C1). */
+const controlCharacter = /[\u0000-\u001F\u007F-\u009F]/
+
 /** Longest key accepted: keeps keys cheap to hash and to log. */
 const maxKeyLength = 1024
+
+/**
+ * Longest key accepted in UTF-8 bytes, as servers store it: MySQL's key column (the longest InnoDB
+ * index, less the holder id's share), which a longer key would overflow or be truncated to.
+ */
+const maxKeyBytes = 2816
+
+/** The length of well-formed `text` in UTF-8. */
+const utf8Length = (text: string): number => {
+  let bytes = 0
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i)
+    if (c < 0x80) bytes += 1
+    else if (c < 0x800) bytes += 2
+    else if (c >= 0xD800 && c <= 0xDBFF) {
+      // a surrogate pair: one character of 4 bytes
+      bytes += 4
+      i++
+    } else bytes += 3
+  }
+  return bytes
+}
+
+/**
+ * Why `input` cannot name anything on a backend (`undefined`: it can). A lone surrogate is no
+ * character: UTF-8 (Redis, every SQL driver) writes it as U+FFFD, so "k\uD800" and "k\uDC00"
+ * would name one lock on the server and two in the client. A control character is refused: NUL
+ * ends a string for C drivers and PostgreSQL's text refuses it, and the others make keys that
+ * logs, metrics and terminals show wrongly.
+ */
+const textProblem = (input: string): string | undefined => {
+  if (loneSurrogate.test(input)) return "must be well-formed text (it has a lone UTF-16 surrogate)"
+  const control = controlCharacter.exec(input)
+  if (control !== null) {
+    const code = control[0].charCodeAt(0).toString(16).toUpperCase().padStart(4, "0")
+    return `must not contain control characters (U+${code} at ${control.index})`
+  }
+  return undefined
+}
 
 /**
  * A key names a lock on every backend. Braces are refused because the Redis backend wraps the key
@@ -21,9 +63,12 @@ export const key = (input: unknown): Effect.Effect<string, InvalidLockOptions> =
   if (input.length === 0) return invalid("key", "must not be empty")
   if (input.length > maxKeyLength) return invalid("key", `must be at most ${maxKeyLength} characters`)
   if (input.includes("{") || input.includes("}")) return invalid("key", "must not contain '{' or '}'")
-  // a lone surrogate is no character: UTF-8 (Redis, every SQL driver) writes it as U+FFFD, so
-  // "k\uD800" and "k\uDC00" would name one lock on the server and two in the client
-  if (loneSurrogate.test(input)) return invalid("key", "must be well-formed text (it has a lone UTF-16 surrogate)")
+  const problem = textProblem(input)
+  if (problem !== undefined) return invalid("key", problem)
+  // every UTF-16 unit is at most 3 bytes of UTF-8: only long keys need counting
+  if (input.length * 3 > maxKeyBytes && utf8Length(input) > maxKeyBytes) {
+    return invalid("key", `must be at most ${maxKeyBytes} bytes in UTF-8, got ${utf8Length(input)}`)
+  }
   return Effect.succeed(input)
 }
 
@@ -33,6 +78,8 @@ export const name = (input: unknown): Effect.Effect<string | undefined, InvalidL
   if (typeof input !== "string" || input.length === 0 || input.length > 128) {
     return invalid("name", "must be a non-empty string of at most 128 characters")
   }
+  const problem = textProblem(input)
+  if (problem !== undefined) return invalid("name", problem)
   return Effect.succeed(input)
 }
 

@@ -36,7 +36,43 @@ type Evalsha = (
   args: ReadonlyArray<string | number>
 ) => Promise<unknown>
 
+/**
+ * The namespace of `client`: its ioredis `keyPrefix`, which ioredis puts before the KEYS of every
+ * script (and the keys of every other command) but not before channel names. The backend puts it
+ * before the channels it subscribes to and the names it builds for the scripts (a latch's
+ * channel, a forced release's ended keys), so that every key and channel a lock touches starts
+ * with it ("": none).
+ */
+const namespaceOf = (client: Client): string => {
+  const prefix: unknown = client.options.keyPrefix
+  return typeof prefix === "string" ? prefix : ""
+}
+
 const isNoScript = (error: unknown) => error instanceof Error && error.message.startsWith("NOSCRIPT")
+
+/**
+ * Redis's refusal of a command a script calls, or of a key it names, which says the script's line
+ * but not the command.
+ */
+const scriptRefused = /can't (run this command or subcommand|access at least one of the keys).*@user_script:(\d+)/
+
+/**
+ * `error` as the reply to script `s`: when the ACL user may not run a command the script calls (or
+ * access a key it names), an error that names that command (Redis names only the script's line);
+ * otherwise `error`.
+ */
+export const permissionError = (s: Script, error: unknown): unknown => {
+  const refused = error instanceof Error ? scriptRefused.exec(error.message) : null
+  if (refused === null) return error
+  const source = s.lua.split("\n")[Number(refused[2]) - 1] ?? ""
+  const command = /(?:redis\.call|redis\.pcall|chunked)\('([A-Z]+)'/.exec(source)?.[1]
+  const what = command === undefined ? "a command" : `the ${command} command`
+  const denied = refused[1]!.startsWith("run") ? `run ${what}` : `access a key that ${what} names`
+  return new Error(
+    `NOPERM this user has no permissions to ${denied}, in the ${s.name} script (${(error as Error).message})`,
+    { cause: error }
+  )
+}
 
 /**
  * Builds the backend on `client` (borrowed: never closed here), which `tracker` follows. A
@@ -55,6 +91,9 @@ export const make = (
     const renewBatchSize = tuning?.renewBatchSize ?? 1000
     const isCluster = "isCluster" in client && client.isCluster === true
     const quarantine = quarantineOf(tuning, isCluster)
+    const namespace = namespaceOf(client)
+    /** The cluster slot of a lock's keys, as the server names them (in the namespace). */
+    const slotOf = namespace === "" ? calculateSlot : (key: string) => calculateSlot(namespace + key)
 
     /**
      * One script call: EVALSHA, and EVAL when the server does not know the script yet. Settles
@@ -68,8 +107,16 @@ export const make = (
         // ioredis flattens array arguments one level: the keys and arguments go as they are
         () => scripting.evalsha(s.sha, keys.length, keys, args),
         "commands",
-        isCluster ? calculateSlot(keys[0]!) : undefined,
-        (error) => isNoScript(error) ? scripting.eval(s.lua, keys.length, keys, args) : undefined
+        isCluster ? slotOf(keys[0]!) : undefined,
+        (error) => {
+          if (isNoScript(error)) {
+            return scripting.eval(s.lua, keys.length, keys, args).catch((cause: unknown) =>
+              Promise.reject(permissionError(s, cause))
+            )
+          }
+          const refused = permissionError(s, error)
+          return refused === error ? undefined : Promise.reject(refused)
+        }
       )
 
     // replica acknowledgement (`replication`): checked before anything is opened; a mistake in it
@@ -113,7 +160,7 @@ export const make = (
           () => acknowledged.run(s, keys, args, needs),
           // a connection of its own: its health is not the commands connection's
           "acknowledged",
-          isCluster ? calculateSlot(keys[0]!) : undefined
+          isCluster ? slotOf(keys[0]!) : undefined
         )
 
     /** The error for `outcome`'s writes (a `what`) if too few replicas acknowledged them. */
@@ -156,14 +203,17 @@ export const make = (
     const closeSubscriber = keepOpen(subscriber)
     // removed after the disconnect below (finalizers run in reverse order)
     yield* tracker.watch(subscriber, "subscriber")
+    // the hub names channels as the scripts' callers do; on the server they are in the namespace,
+    // where the scripts publish (a lock's channel is one of its KEYS, which ioredis prefixes)
     const wakeups = makeWakeups(
       {
-        subscribe: (channel) => whenNotHandshaking(subscriber, () => subscriber.subscribe(channel)),
-        unsubscribe: (channel) => whenNotHandshaking(subscriber, () => subscriber.unsubscribe(channel))
+        subscribe: (channel) => whenNotHandshaking(subscriber, () => subscriber.subscribe(namespace + channel)),
+        unsubscribe: (channel) => whenNotHandshaking(subscriber, () => subscriber.unsubscribe(namespace + channel))
       },
       (ready) => Effect.asVoid(tracker.call("subscribe", () => ready, "subscriber"))
     )
-    subscriber.on("message", (channel: string, message: string) => wakeups.onMessage(channel, message))
+    subscriber.on("message", (channel: string, message: string) =>
+      wakeups.onMessage(namespace === "" ? channel : channel.slice(namespace.length), message))
     let connectedOnce = false
     subscriber.on("ready", () => {
       if (connectedOnce) wakeups.wakeAll()
@@ -242,7 +292,7 @@ export const make = (
       const groups: Array<Array<number>> = []
       const open = new Map<number, Array<number>>()
       requests.forEach((request, i) => {
-        const slot = isCluster ? calculateSlot(request.key) : 0
+        const slot = isCluster ? slotOf(request.key) : 0
         let group = open.get(slot)
         if (group === undefined || group.length >= renewBatchSize) {
           group = []
@@ -303,7 +353,7 @@ export const make = (
           runAcknowledged(
             latch.setCount,
             latch.setCount.keys(key),
-            latch.setCount.args(key, id, count),
+            latch.setCount.args(key, id, count, namespace),
             "latch change",
             latch.setCount.wrote
           ),
@@ -314,7 +364,7 @@ export const make = (
           runAcknowledged(
             latch.countDown,
             latch.countDown.keys(key),
-            latch.countDown.args(key, id),
+            latch.countDown.args(key, id, namespace),
             "latch change",
             latch.countDown.wrote
           ),
@@ -335,7 +385,7 @@ export const make = (
       inspect,
       forceRelease: ({ id, key }) =>
         Effect.map(
-          run(lock.forceRelease, lock.forceRelease.keys(key, id), lock.forceRelease.args()),
+          run(lock.forceRelease, lock.forceRelease.keys(key, id), lock.forceRelease.args(key, namespace)),
           lock.forceRelease.decode
         ),
       raiseFence: ({ fence, key, leaseMs }) =>

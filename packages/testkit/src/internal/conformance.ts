@@ -63,7 +63,8 @@ const scenarios: ReadonlyArray<(kit: Kit.Kit) => void> = [
   FaultConformance.faultyContention,
   FaultConformance.lossyContention,
   MultiLockConformance.register,
-  LatchConformance.register
+  LatchConformance.register,
+  InputConformance.hostileInput
 ]
 
 export const register = (harness: Harness, test: TestFn): void => {

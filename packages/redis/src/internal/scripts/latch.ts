@@ -54,17 +54,17 @@ return 1
  * Sets the count when the latch is at 0 (the key absent). Publishes Redisson's new-count message
  * (1).
  * KEYS: K, applied calls.
- * ARGV: call id, count, memory ms, channel.
+ * ARGV: call id, count, memory ms, channel (as the server names it: with the client's `keyPrefix`).
  * Reply: 1 if set (or a copy of a call that set it), 0 if a count is set, -1 not a latch. A count
  * set is what the replicas acknowledge.
  */
 export const setCount = describe("latchSetCount", setCountLua, {
   keys: (key: string): Array<string> => latchKeysOf(key),
-  args: (key: string, id: string, count: number): Array<string | number> => [
+  args: (key: string, id: string, count: number, namespace: string): Array<string | number> => [
     id,
     count,
     latchCallMemoryMs,
-    latchChannelOf(key)
+    namespace + latchChannelOf(key)
   ],
   decode: (reply: unknown, key: string): Either.Either<boolean, InvalidLockOptions> =>
     asNumber(reply) === -1 ? Either.left(heldByLock(key)) : Either.right(asNumber(reply) === 1),
@@ -89,13 +89,17 @@ return left
  * One off the count. A copy of an applied call changes nothing. Reaching 0 deletes the key and
  * publishes Redisson's zero message (0).
  * KEYS: K, applied calls.
- * ARGV: call id, memory ms, channel.
+ * ARGV: call id, memory ms, channel (as the server names it: with the client's `keyPrefix`).
  * Reply: the count after (0 when the key is absent), -1 not a latch. Any count is what the
  * replicas acknowledge.
  */
 export const countDown = describe("latchCountDown", countDownLua, {
   keys: (key: string): Array<string> => latchKeysOf(key),
-  args: (key: string, id: string): Array<string | number> => [id, latchCallMemoryMs, latchChannelOf(key)],
+  args: (key: string, id: string, namespace: string): Array<string | number> => [
+    id,
+    latchCallMemoryMs,
+    namespace + latchChannelOf(key)
+  ],
   decode: decodeCount,
   wrote: (reply: unknown): boolean => asNumber(reply) !== -1
 })

@@ -6,7 +6,9 @@
  * PEXPIRE; HGETALL, DEL, SET, PUBLISH).
  *
  * Layout of a lock named K (every key shares K's cluster slot: K has no braces, the others are
- * tagged `{K}`):
+ * tagged `{K}`). With the client's `keyPrefix` (the backend's namespace), every key and channel
+ * below starts with it: ioredis prefixes KEYS, and the backend prefixes the names it passes in ARGV
+ * (a latch's channel, a forced release's ended keys) and the channels it subscribes to.
  * - `K` (hash): Redisson's RLock layout — field `<clientId>:<n>` -> exclusive hold count, the key's
  *   PEXPIRE the lease — so a Redisson process and lockstep exclude each other on the same name.
  *   lockstep adds fields of its own under the `lockstep|` prefix (Redisson's scripts only test for
@@ -84,8 +86,11 @@ export const keysOf = (key: string, memo = `lockstep_ended:{${key}}`) => [
   `lockstep_woken:{${key}}`
 ]
 
+/** The prefix of the keys that remember the holders of lock `key` that ended. */
+const endedPrefixOf = (key: string) => `lockstep_ended:{${key}}:`
+
 /** Where a holder that ended is remembered. */
-export const endedKeyOf = (key: string, holder: string) => `lockstep_ended:{${key}}:${holder}`
+export const endedKeyOf = (key: string, holder: string) => endedPrefixOf(key) + holder
 
 /** The server's epoch record, which the failover quarantine keeps (one per server). */
 export const epochKey = "lockstep_epoch"
@@ -108,7 +113,7 @@ const keySetOf = (key: string): KeySet => {
   let set = keySets.get(key)
   if (set === undefined) {
     if (keySets.size >= keySetsKept) keySets.clear()
-    set = { keys: keysOf(key), endedPrefix: `lockstep_ended:{${key}}:` }
+    set = { keys: keysOf(key), endedPrefix: endedPrefixOf(key) }
     keySets.set(key, set)
   }
   return set
@@ -704,7 +709,7 @@ export const inspect = describe("inspect", inspectLua, {
 
 const forceReleaseLua = `${prelude}${base}
 local key, channel, fq, fqt, applied, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local memory = tonumber(ARGV[1])
+local memory, endedPrefix = tonumber(ARGV[1]), ARGV[2]
 -- a copy answers as the first delivery did
 local before = redis.call('GET', applied)
 if before then return tonumber(before) end
@@ -713,7 +718,7 @@ local st = load(key, redis.call('HGETALL', key), now)
 local held = 0
 for h, r in pairs(st.holders) do
   held = 1
-  redis.call('SET', 'lockstep_ended:{' .. key .. '}:' .. h, '0', 'PX', fmt(math.max(1, r.e - now)))
+  redis.call('SET', endedPrefix .. h, '0', 'PX', fmt(math.max(1, r.e - now)))
 end
 redis.call('DEL', key)
 redis.call('SET', applied, fmt(held), 'PX', fmt(memory))
@@ -730,12 +735,14 @@ return held
  * A second copy of the same operation (`id`) changes nothing and answers as the first.
  * KEYS: K, token, channel, fair queue, fair expiries, the operation's memory, waiters, sentinel,
  * woken.
- * ARGV: how long the operation is remembered (ms).
+ * ARGV: how long the operation is remembered (ms), and the prefix of the holders' ended keys as
+ * the server names them (with the client's `keyPrefix`): a holder's ended key is that prefix and
+ * its id, the key its acquire and release name as KEYS[6].
  * Reply: 1 if anything was held, else 0.
  */
 export const forceRelease = describe("forceRelease", forceReleaseLua, {
   keys: (key: string, id: string): Array<string> => keysOf(key, `lockstep_force:{${key}}:${id}`),
-  args: (): Array<string | number> => [forceReleaseMemoryMs],
+  args: (key: string, namespace: string): Array<string | number> => [forceReleaseMemoryMs, namespace + endedPrefixOf(key)],
   decode: (reply: unknown): boolean => asNumber(reply) === 1
 })
 
