@@ -271,8 +271,12 @@ export interface Options extends Tuning {
  * credentials of their own take them as `?sentinelUsername=...&sentinelPassword=...` (no other
  * parameter is accepted). Every part is percent-decoded: `%40` for `@` in a password, while `+`
  * stays a plus sign. `rediss+sentinel://` speaks TLS to the sentinels and the data nodes alike,
- * trusting Node's default CAs; for other certificates, or options the URL has no place for, pass
- * ioredis options with `sentinels` and `name` instead.
+ * trusting Node's default CAs.
+ *
+ * A URL with ioredis options, `{ url, options }`, takes what the URL has no place for: the CA of a
+ * `rediss://` server (`options: { tls: { ca } }`; through sentinels also `sentinelTLS: { ca }`),
+ * or a `keyPrefix`, the namespace of every key and channel the backend uses. The options win over
+ * what the URL says.
  *
  * @example
  * ```ts
@@ -285,6 +289,8 @@ export interface Options extends Tuning {
  *   sentinels: [{ host: "10.0.0.5", port: 26379 }, { host: "10.0.0.6", port: 26379 }],
  *   name: "orders"
  * }
+ * declare const ca: string
+ * const tls: RedisBackend.Connection = { url: "rediss://locks.internal:6380", options: { tls: { ca }, keyPrefix: "lockstep:" } }
  * ```
  *
  * @since 0.1.0
@@ -292,6 +298,7 @@ export interface Options extends Tuning {
  */
 export type Connection =
   | string
+  | { readonly url: string; readonly options?: RedisOptions | undefined }
   | RedisOptions
   | { readonly cluster: ReadonlyArray<ClusterNode>; readonly options?: ClusterOptions | undefined }
 

@@ -120,6 +120,33 @@ describe.runIf(runnable)("Redis backend over TLS", () => {
       assert.deepStrictEqual(escaped, [])
     }))
 
+  it.scopedLive("a rediss:// URL with ioredis options: the CA and the key prefix the URL has no place for", () =>
+    Effect.gen(function*() {
+      const server = yield* RedisServer.make({ tls: true })
+      const ca = server.ca ?? ""
+      const a = yield* backendFrom({ url: server.url, options: { tls: { ca }, keyPrefix: "ns:" } })
+      const b = yield* backendFrom({ url: server.url, options: { tls: { ca }, keyPrefix: "ns:" } })
+      const lock = yield* Effect.provideService(Lock.make("tls:url"), LockBackend, a)
+      const probe = yield* probeClient(server)
+      yield* Lock.withLock(
+        Effect.gen(function*() {
+          // the key lives under the prefix the options gave
+          const keys = yield* Effect.promise(() => probe.keys("*tls:url*"))
+          assert.isNotEmpty(keys)
+          for (const key of keys) assert.isTrue(key.startsWith("ns:"), `${key} is in the namespace`)
+        }),
+        lock
+      )
+      const waited = yield* handOver("tls:url:handover", a, b, Effect.map(subscribers(probe), (n) => n > 0))
+      assert.isBelow(waited, 1_000, `the waiter got the lock ${Math.round(waited)} ms after the release`)
+      // the same URL without the CA is refused at once
+      const { exit, ms } = yield* build(RedisBackend.layerFrom({ url: server.url, options: { keyPrefix: "ns:" } }))
+        .pipe(Effect.provide(Logger.remove(Logger.defaultLogger)))
+      assert.include(connectFailure(exit).message, "self-signed certificate")
+      assert.isBelow(ms, 1_000, `failed at once: ${Math.round(ms)} ms`)
+      assert.deepStrictEqual(escaped, [])
+    }), 30_000)
+
   it.scopedLive("a TLS cluster (TLS bus too): grants, releases and wakes a waiter", () =>
     Effect.gen(function*() {
       const certificates = yield* RedisServer.makeCertificates()
@@ -168,8 +195,13 @@ describe.runIf(runnable)("Redis backend over TLS", () => {
       const probe = yield* probeClient(topology.primary)
       const waited = yield* handOver("tls:sentinel:handover", a, b, Effect.map(subscribers(probe), (n) => n > 0))
       assert.isBelow(waited, 1_000, `the waiter got the lock ${Math.round(waited)} ms after the release`)
-      // rediss+sentinel:// trusts Node's default CAs only: this CA is none of them
+      // the URL with the CA in ioredis options
       const sentinel = topology.sentinelAddresses[0]!
+      const url = `rediss+sentinel://${sentinel.host}:${sentinel.port}/${topology.name}`
+      const c = yield* backendFrom({ url, options: { tls: { ca }, sentinelTLS: { ca } } })
+      const onC = yield* Effect.provideService(Lock.make("tls:sentinel:url"), LockBackend, c)
+      assert.isAbove(yield* Lock.withLock((lease) => Effect.succeed(lease.fence), onC), 0)
+      // rediss+sentinel:// alone trusts Node's default CAs only: this CA is none of them
       const { exit, ms } = yield* build(
         RedisBackend.layerFrom(`rediss+sentinel://${sentinel.host}:${sentinel.port}/${topology.name}`)
       ).pipe(Effect.provide(Logger.remove(Logger.defaultLogger)))

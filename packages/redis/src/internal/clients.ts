@@ -559,13 +559,22 @@ const urlProblem = (url: string): string | undefined => {
   return undefined
 }
 
+type UrlWithOptions = { readonly url: string; readonly options?: RedisOptions | undefined }
+
+const isUrlWithOptions = (connection: Connection): connection is UrlWithOptions =>
+  typeof connection === "object" && "url" in connection && typeof connection.url === "string"
+
 /**
  * Opens the connection `layerFrom` owns (closed with the scope), or fails with BackendError
  * (operation "connect") on a URL or node list it cannot mean.
  */
-export const open = (connection: Connection): Effect.Effect<Client, BackendError, Scope.Scope> =>
+export const open = (given: Connection): Effect.Effect<Client, BackendError, Scope.Scope> =>
   Effect.map(Effect.acquireRelease(
     Effect.suspend(() => {
+      // a URL with options: the URL, and options over what it says
+      const withUrl = isUrlWithOptions(given)
+      const connection = withUrl ? given.url : given as Exclude<Connection, UrlWithOptions>
+      const extra: RedisOptions = withUrl ? given.options ?? {} : {}
       const sentinelUrl = typeof connection === "string" && isSentinelUrl(connection)
         ? sentinelOptions(connection)
         : undefined
@@ -605,9 +614,9 @@ export const open = (connection: Connection): Effect.Effect<Client, BackendError
       return Effect.try({
         try: () => {
           const client: Client = sentinelUrl !== undefined && Either.isRight(sentinelUrl)
-            ? new Redis({ ...sentinelDefaults, ...sentinelUrl.right })
+            ? new Redis({ ...sentinelDefaults, ...sentinelUrl.right, ...extra })
             : typeof connection === "string"
-            ? new Redis(connection, { maxRetriesPerRequest: 2, disconnectTimeout })
+            ? new Redis(connection, { maxRetriesPerRequest: 2, disconnectTimeout, ...extra })
             : "cluster" in connection
             ? new ClusterReportingRefusals([...connection.cluster], {
               ...connection.options,
