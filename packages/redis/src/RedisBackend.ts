@@ -37,6 +37,7 @@ import { LockBackend } from "@lockstep/core/LockBackend"
 import type { Service } from "@lockstep/core/LockBackend"
 import type { BackendError } from "@lockstep/core/LockError"
 import * as clients from "./internal/clients.js"
+import { type ClientTracker, track } from "./internal/tracker.js"
 import * as internal from "./internal/redisBackend.js"
 import * as replication from "./internal/replication.js"
 
@@ -332,7 +333,7 @@ export const make: {
   (options: Options & { readonly replication?: undefined }): Effect.Effect<Service, never, Scope.Scope>
   (options: Options): Effect.Effect<Service, BackendError, Scope.Scope>
 } = (options: Options): Effect.Effect<Service, never, Scope.Scope> => {
-  const built = Effect.flatMap(clients.track(options.client, options), (tracker) => build(options.client, options, tracker))
+  const built = Effect.flatMap(track(options.client, options), (tracker) => build(options.client, options, tracker))
   // only `replication` can fail the build (see `Replication`): the overloads say when
   return built as Effect.Effect<Service, never, Scope.Scope>
 }
@@ -341,7 +342,7 @@ export const make: {
 const build = (
   client: Client,
   tuning: Tuning | undefined,
-  tracker: clients.ClientTracker
+  tracker: ClientTracker
 ): Effect.Effect<Service, BackendError, Scope.Scope> =>
   Effect.zipRight(
     Effect.forkScoped(tracker.report),
@@ -417,7 +418,7 @@ export const layerFrom = (connection: Connection, tuning?: Tuning): Layer.Layer<
     LockBackend,
     Effect.gen(function*() {
       const client = yield* clients.open(connection)
-      const tracker = yield* clients.track(client, tuning)
+      const tracker = yield* track(client, tuning)
       yield* tracker.ping
       return yield* build(client, tuning, tracker)
     })

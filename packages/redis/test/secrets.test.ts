@@ -19,7 +19,7 @@ import { Lock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { RedisBackend } from "@lockstep/redis"
 import { RedisServer } from "@lockstep/testkit"
-import { hideCredentials } from "../src/internal/clients.js"
+import { hideCredentials } from "../src/internal/descriptions.js"
 import { runnable, trapRejections, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis secrets suite (secrets.test.ts)")

@@ -31,7 +31,8 @@ import { Data, Duration, Effect, Either } from "effect"
 import type { Cluster, Redis } from "ioredis"
 import { InvalidLockOptions } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
-import { commandTimeout, duplicateOf, isCluster, keepOpen } from "./clients.js"
+import { commandTimeout, duplicateOf, keepOpen } from "./clients.js"
+import { isCluster } from "./descriptions.js"
 import type { Script } from "./scripts/descriptor.js"
 
 /** What an acknowledgement confirms: a grant, a renewal, a fence raise or a latch change. */
