@@ -7,11 +7,10 @@
  */
 import type { CliApp } from "@effect/cli/CliApp"
 import type { CommandExecutor } from "@effect/platform/CommandExecutor"
-import type { Effect } from "effect"
-import { ExitCodes } from "./internal/errors.js"
+import { Effect, Layer } from "effect"
 import * as internal from "./internal/cli.js"
+import { ExitCodes } from "./internal/errors.js"
 import * as signals from "./internal/signals.js"
-import { Effect as E, Layer } from "effect"
 
 /**
  * The codes `lockstep` exits with on its own account; otherwise it exits with its command's code
@@ -59,4 +58,4 @@ export const ExitCode: {
 export const main = (
   argv: ReadonlyArray<string>
 ): Effect.Effect<number, never, CliApp.Environment | CommandExecutor> =>
-  E.provide(internal.main(argv, "0.1.0"), Layer.fresh(signals.layer))
+  Effect.provide(internal.main(argv, "0.1.0"), Layer.fresh(signals.layer))
