@@ -61,6 +61,12 @@ export interface Running {
   readonly exited: Promise<void>
 }
 
+/** The lockstep processes a file started, killed after its tests if one is left (a test that failed). */
+const spawned = new Set<ChildProcess>()
+afterAll(() => {
+  for (const child of spawned) if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL")
+})
+
 /** Spawns `lockstep args`, with `input` on its stdin (closed after it). */
 export const start = (
   bin: string,
@@ -72,6 +78,7 @@ export const start = (
     stdio: ["pipe", "pipe", "pipe"],
     env: { ...process.env, LOCKSTEP_BACKEND: "", ...options?.env }
   })
+  spawned.add(child)
   let stdout = ""
   let stderr = ""
   child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()))

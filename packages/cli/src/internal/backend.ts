@@ -114,6 +114,7 @@ export const urlOf = (flag: Option.Option<string>): Effect.Effect<string, CliFai
     onSome: Effect.succeed,
     onNone: () =>
       Config.string("LOCKSTEP_BACKEND").pipe(
+        Effect.filterOrFail((url) => url.trim() !== "", () => "empty"),
         Effect.mapError(() => usage(`no backend: pass --backend URL or set LOCKSTEP_BACKEND (${schemes})`))
       )
   })

@@ -64,7 +64,7 @@ const runCommand = (exit: Ref.Ref<number>) =>
       "Acquire the lock, run the command with it held (stdin, stdout and stderr inherited), release it once the command has exited; exit with the command's exit code. The command sees LOCKSTEP_KEY, LOCKSTEP_FENCE and LOCKSTEP_HOLDER. SIGINT, SIGTERM and SIGHUP are forwarded to it. If the lease is lost, the command's process group gets SIGTERM, then SIGKILL after --kill-after, and lockstep exits 76.",
       [
         "lockstep run -b redis://localhost:6379 nightly-report -- ./report.sh --since yesterday",
-        "lockstep run --no-wait -E 0 cleanup -- ./cleanup.sh     (skip quietly if another host runs it)",
+        "lockstep run --no-wait -E 0 cleanup -- ./cleanup.sh     (skip it, exit 0, if another host runs it)",
         "lockstep run --wait 30s --backend postgres://app@db/app migrate -- npm run migrate",
         "lockstep run --kind semaphore --limit 4 encoders -- ffmpeg -i in.mov out.mp4"
       ]
