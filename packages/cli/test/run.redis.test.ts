@@ -80,6 +80,28 @@ describe("lockstep run on Redis", () => {
     expect(JSON.parse(after.stdout).holders).toHaveLength(0)
   })
 
+  it("SIGINT while waiting for the lock: exits 130 without running the command, leaving nothing behind", async () => {
+    const holderFile = join(dir, "waiting.holder")
+    const holding = start(bin, ["run", ...backend(), "--kind", "fair", "waiting", "--", "sh", "-c", `echo held > ${holderFile}; sleep 30`])
+    await waitForFile(holderFile)
+    const marker = join(dir, "waiting.ran")
+    const waiting = start(bin, ["run", ...backend(), "--kind", "fair", "waiting", "--", "touch", marker])
+    // the waiter is queued behind the holder
+    for (let i = 0; ; i++) {
+      const status = await lockstep(bin, ["status", ...backend(), "--json", "waiting"])
+      if (JSON.parse(status.stdout).queue.length === 1) break
+      if (i > 50) throw new Error(`the waiter did not queue: ${status.stdout}`)
+    }
+    waiting.process.kill("SIGINT")
+    expect((await waiting.result).code).toBe(130)
+    expect(existsSync(marker)).toBe(false)
+    const status = JSON.parse((await lockstep(bin, ["status", ...backend(), "--json", "waiting"])).stdout)
+    expect(status.holders).toHaveLength(1)
+    expect(status.queue).toHaveLength(0)
+    holding.process.kill("SIGTERM")
+    expect((await holding.result).code).toBe(143)
+  })
+
   it("a lost lease (the key dropped): SIGTERM to the child, SIGKILL after --kill-after, the lost-lease exit code", async () => {
     const pidFile = join(dir, "lost.pid")
     const terms = join(dir, "lost.terms")
