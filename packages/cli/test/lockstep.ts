@@ -118,6 +118,16 @@ export const alive = (pid: number): boolean => {
   }
 }
 
+/** `LOCKSTEP_REQUIRE_REDIS=1` (CI): a missing redis-server fails the run instead of skipping. */
+export const redisRequired = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"
+
+/** Whether the Redis suites run: redis-server is there, or required (and then fails if missing). */
+export const redisRuns = async (suite: string): Promise<boolean> => {
+  const available = await Effect.runPromise(RedisServer.available)
+  if (!available) console.warn(`${suite} NOT RUN: redis-server not found (set REDIS_SERVER_BIN)`)
+  return available || redisRequired
+}
+
 /** A `redis-server` of the file's own, stopped afterwards. */
 export const redisServer = (): { readonly get: () => RedisServer.RedisServer } => {
   const scope = Effect.runSync(Scope.make())
@@ -144,6 +154,16 @@ const pgAdmin = (statement: string) =>
       Effect.asVoid
     )
   )
+
+/** `LOCKSTEP_REQUIRE_SQL=1` (CI): a PostgreSQL that cannot be reached fails the run instead of skipping. */
+export const postgresRequired = process.env["LOCKSTEP_REQUIRE_SQL"] === "1"
+
+/** Whether the PostgreSQL suites run: the server answers, or it is required (and then fails if not). */
+export const postgresRuns = async (suite: string): Promise<boolean> => {
+  const reachable = await pgAdmin("SELECT 1").then(() => true, () => false)
+  if (!reachable) console.warn(`${suite} NOT RUN: cannot reach PostgreSQL at ${pgServer}`)
+  return reachable || postgresRequired
+}
 
 /** The URL of a PostgreSQL database of the file's own, created before its tests and dropped after them. */
 export const postgresDatabase = (): string => {

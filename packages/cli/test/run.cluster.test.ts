@@ -7,19 +7,19 @@ import { join } from "node:path"
 import { Effect, Exit, Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { RedisServer } from "@lockstep/testkit"
-import { buildBin, lockstep, sections, stampScript, tempDir } from "./lockstep.js"
+import { buildBin, lockstep, redisRuns, sections, stampScript, tempDir } from "./lockstep.js"
 
-const dir = tempDir()
-const bin = buildBin(dir)
-const scope = Effect.runSync(Scope.make())
-let url = ""
-beforeAll(async () => {
-  const cluster = await Effect.runPromise(Scope.extend(RedisServer.makeCluster(), scope))
-  url = `redis+cluster://${cluster.startupNodes.map((node) => `${node.host}:${node.port}`).join(",")}`
-})
-afterAll(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+describe.runIf(await redisRuns("lockstep run on a Redis Cluster"))("lockstep run on a Redis Cluster", () => {
+  const dir = tempDir()
+  const bin = buildBin(dir)
+  const scope = Effect.runSync(Scope.make())
+  let url = ""
+  beforeAll(async () => {
+    const cluster = await Effect.runPromise(Scope.extend(RedisServer.makeCluster(), scope))
+    url = `redis+cluster://${cluster.startupNodes.map((node) => `${node.host}:${node.port}`).join(",")}`
+  })
+  afterAll(() => Effect.runPromise(Scope.close(scope, Exit.void)))
 
-describe("lockstep run on a Redis Cluster", () => {
   it("two runs on one key never overlap, and their fences increase", async () => {
     const log = join(dir, "cluster.log")
     const results = await Promise.all([0, 1].map(() => lockstep(bin, ["run", "--backend", url, "cluster", "--", ...stampScript(log, 0.3)])))

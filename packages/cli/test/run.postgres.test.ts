@@ -5,13 +5,13 @@
 import { existsSync, readFileSync } from "node:fs"
 import { join } from "node:path"
 import { describe, expect, it } from "vitest"
-import { buildBin, lockstep, postgresDatabase, sections, stampScript, start, tempDir, waitForFile } from "./lockstep.js"
+import { buildBin, lockstep, postgresDatabase, postgresRuns, sections, stampScript, start, tempDir, waitForFile } from "./lockstep.js"
 
-const dir = tempDir()
-const bin = buildBin(dir)
-const url = postgresDatabase()
+describe.runIf(await postgresRuns("lockstep run on PostgreSQL"))("lockstep run on PostgreSQL", () => {
+  const dir = tempDir()
+  const bin = buildBin(dir)
+  const url = postgresDatabase()
 
-describe("lockstep run on PostgreSQL", () => {
   it("two runs on one key never overlap, and their fences increase", async () => {
     const log = join(dir, "exclusive.log")
     const runs = [0, 1, 2].map(() => lockstep(bin, ["run", "--backend", url, "exclusive", "--", ...stampScript(log, 0.3)]))
