@@ -14,6 +14,8 @@
 #    (as a CommonJS .ts and an ES module .mts) and esnext/bundler. Once, it also type-checks every
 #    public entry point but those on ioredis (@lockstep/redis, @lockstep/testkit/RedisMock) without
 #    Node's types in the program, to show our declarations need none.
+# 4. installs @lockstep/cli from its tarball into a project of its own and runs its `lockstep` bin:
+#    `npx lockstep --help`, and `lockstep run` with plain node against a real redis-server.
 # Any failure fails the check. LOCKSTEP_KEEP_CONSUMER=1 keeps the temporary directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,10 +26,12 @@ if [ "${LOCKSTEP_KEEP_CONSUMER:-}" = 1 ]; then echo "working in $WORK"; else tra
 
 $PNPM build
 mkdir -p "$WORK/tarballs"
-for package in core memory redis sql testkit; do
+for package in core memory redis sql testkit cli; do
   (cd "packages/$package" && $PNPM pack --pack-destination "$WORK/tarballs" >/dev/null)
 done
 TARBALLS=$(ls "$WORK"/tarballs/*.tgz)
+# the libraries' consumers below install these; @lockstep/cli has a project of its own (cli_consumer)
+LIBRARY_TARBALLS=$(ls "$WORK"/tarballs/*.tgz | grep -v /lockstep-cli-)
 
 echo "== packed manifests"
 for tarball in $TARBALLS; do
@@ -73,7 +77,7 @@ consumer() {
   cp scripts/consumer/consumer.ts "$dir/consumer.mts"
   echo '{ "name": "consumer", "version": "0.0.0", "private": true }' > "$dir/package.json"
   echo "== ioredis $ioredis: npm install of the tarballs"
-  (cd "$dir" && npm install --loglevel=error --no-audit --no-fund $TARBALLS "effect@^3.22.4" "ioredis@^$ioredis" \
+  (cd "$dir" && npm install --loglevel=error --no-audit --no-fund $LIBRARY_TARBALLS "effect@^3.22.4" "ioredis@^$ioredis" \
     "@effect/sql@^0.52.1" "@effect/sql-pg@^0.53.0" "typescript@~5.9.3" "@types/node@^20" "vitest@^3.2.4" \
     "@effect/vitest@^0.29.0" >/dev/null)
   (cd "$dir" && node -e '
@@ -145,4 +149,21 @@ trap 'psql -h 127.0.0.1 -U postgres -d postgres -qc "DROP DATABASE IF EXISTS $CO
 export LOCKSTEP_CONSUMER_PG_URL="postgres://postgres@127.0.0.1:5432/$CONSUMER_DB"
 consumer 6
 consumer 5
+
+# @lockstep/cli: installed from its tarball (with those of the packages it depends on) into a project
+# of its own, its `lockstep` bin run as a user runs it: `npx lockstep --help`, then `lockstep run`
+# with plain node against a real redis-server (scripts/consumer/cli.mjs)
+cli_consumer() {
+  local dir="$WORK/consumer-cli"
+  mkdir -p "$dir"
+  cp scripts/consumer/cli.mjs "$dir/"
+  echo '{ "name": "consumer-cli", "version": "0.0.0", "private": true }' > "$dir/package.json"
+  echo "== @lockstep/cli: npm install of the tarballs"
+  (cd "$dir" && npm install --loglevel=error --no-audit --no-fund $(ls "$WORK"/tarballs/lockstep-{core,redis,sql,cli}-*.tgz) >/dev/null)
+  (cd "$dir" && npx --no-install lockstep --help | grep -q "lockstep run") || { echo "npx lockstep --help: no run command"; exit 1; }
+  echo "npx lockstep --help: ok"
+  (cd "$dir" && npx --no-install lockstep run --help | grep -q "EXAMPLES") || { echo "npx lockstep run --help: no examples"; exit 1; }
+  (cd "$dir" && timeout 120 node cli.mjs)
+}
+cli_consumer
 echo "consumer check: ok"
