@@ -14,7 +14,7 @@ import { PgClient } from "@effect/sql-pg"
 import { afterAll, beforeAll } from "vitest"
 import { Duration, Effect, Exit, Redacted, Scope } from "effect"
 import * as esbuild from "esbuild"
-import { RedisServer } from "@lockstep/testkit"
+import { History, RedisServer } from "@lockstep/testkit"
 
 const entry = fileURLToPath(new URL("../src/internal/bin.ts", import.meta.url))
 
@@ -176,15 +176,18 @@ export const postgresDatabase = (): string => {
 /**
  * The critical sections a run of `stampScript` wrote to `log`, checked strictly: every section
  * ends before the next one starts (by the stamps' order in the file, appended under the lock, and
- * by their clock readings), and the fences increase from one section to the next.
+ * by their clock readings), and the fences increase from one section to the next. The same
+ * sections, as grants and releases of their holders in the file's order, are then judged by the
+ * testkit's history checker.
  */
 export const sections = (log: string): ReadonlyArray<{ readonly fence: number; readonly start: bigint; readonly end: bigint }> => {
   const lines = log.trim().split("\n").map((line) => line.split(" "))
   const out: Array<{ fence: number; start: bigint; end: bigint }> = []
+  const events: Array<History.Event> = []
   for (let i = 0; i < lines.length; i += 2) {
-    const [startTag, startFence, startAt] = lines[i]!
-    const [endTag, endFence, endAt] = lines[i + 1] ?? []
-    if (startTag !== "start" || endTag !== "end" || startFence !== endFence) {
+    const [startTag, startFence, startAt, startHolder] = lines[i]!
+    const [endTag, endFence, endAt, endHolder] = lines[i + 1] ?? []
+    if (startTag !== "start" || endTag !== "end" || startFence !== endFence || startHolder !== endHolder) {
       throw new Error(`overlapping or broken sections at line ${i + 1}:\n${log}`)
     }
     const section = { fence: Number(startFence), start: BigInt(startAt!), end: BigInt(endAt!) }
@@ -193,16 +196,24 @@ export const sections = (log: string): ReadonlyArray<{ readonly fence: number; r
       throw new Error(`section ${out.length} overlaps the one before it or has no greater fence:\n${log}`)
     }
     out.push(section)
+    const holder = startHolder ?? ""
+    events.push(
+      History.Event.Grant({ at: i, key: "stamped", holder, mode: "exclusive", permits: 1, limit: 1, fence: section.fence }),
+      History.Event.Release({ at: i + 1, key: "stamped", holder, mode: "exclusive" })
+    )
   }
+  const violations = History.check(events)
+  if (violations.length > 0) throw new Error(`the history checker found ${violations.map(History.formatViolation).join("; ")}:\n${log}`)
   return out
 }
 
 /**
- * A command that appends `start <fence> <ns>` to `log`, sleeps `sleep` seconds, and appends
- * `end <fence> <ns>`: its critical section.
+ * A command that appends `start <fence> <ns> <holder>` to `log`, sleeps `sleep` seconds, and
+ * appends `end <fence> <ns> <holder>`: its critical section.
  */
 export const stampScript = (log: string, sleep: number): ReadonlyArray<string> => [
   "sh",
   "-c",
-  `echo "start $LOCKSTEP_FENCE $(date +%s%N)" >> ${log}; sleep ${sleep}; echo "end $LOCKSTEP_FENCE $(date +%s%N)" >> ${log}`
+  `echo "start $LOCKSTEP_FENCE $(date +%s%N) $LOCKSTEP_HOLDER" >> ${log}; sleep ${sleep}; ` +
+  `echo "end $LOCKSTEP_FENCE $(date +%s%N) $LOCKSTEP_HOLDER" >> ${log}`
 ]
