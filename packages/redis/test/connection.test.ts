@@ -6,7 +6,6 @@
  * call, with nothing printed by ioredis itself.
  */
 import { assert, describe, it } from "@effect/vitest"
-import * as net from "node:net"
 import type { Scope } from "effect"
 import { Cause, ConfigProvider, Context, Effect, Exit, Fiber, Layer, Logger, Option } from "effect"
 import { Redis } from "ioredis"
@@ -17,33 +16,11 @@ import type { AcquireRequest, Service } from "@lockstep/core/LockBackend"
 import { BackendError } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
 import { RedisServer } from "@lockstep/testkit"
-import {
-  backendOn,
-  call,
-  eventually,
-  fastTuning,
-  nowMs,
-  rawClient,
-  retryWhileReconnecting,
-  runnable,
-  trapRejections,
-  typedFailure,
-  warnIfNotRun
-} from "./fixtures/realRedis.js"
+import { backendOn, call, deadPort, eventually, fastTuning, nowMs, rawClient, retryWhileReconnecting, runnable, trapRejections, typedFailure, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis connection suite (connection.test.ts)")
 
 const escaped = trapRejections()
-
-/** A loopback port nothing listens on (the kernel handed it out and it was closed again). */
-const deadPort: Effect.Effect<number> = Effect.async<number>((resume) => {
-  const server = net.createServer()
-  server.listen(0, "127.0.0.1", () => {
-    const address = server.address()
-    const port = typeof address === "object" && address !== null ? address.port : 0
-    server.close(() => resume(Effect.succeed(port)))
-  })
-})
 
 /** A client the test owns, with quick retries and, like many applications, no 'error' listener. */
 const ownClient = (url: string, options: RedisOptions = {}): Effect.Effect<Redis, never, Scope.Scope> =>

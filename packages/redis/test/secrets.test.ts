@@ -9,7 +9,6 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { randomUUID } from "node:crypto"
-import * as net from "node:net"
 import { inspect } from "node:util"
 import type { Scope } from "effect"
 import { Cause, Context, Effect, Exit, Layer, Logger, Metric, Tracer } from "effect"
@@ -20,7 +19,7 @@ import { LockBackend } from "@lockstep/core/LockBackend"
 import { RedisBackend } from "@lockstep/redis"
 import { RedisServer } from "@lockstep/testkit"
 import { hideCredentials } from "../src/internal/descriptions.js"
-import { runnable, trapRejections, warnIfNotRun } from "./fixtures/realRedis.js"
+import { deadPort, runnable, trapRejections, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis secrets suite (secrets.test.ts)")
 
@@ -186,16 +185,6 @@ const useBackend = (connection: RedisBackend.Connection, tuning: RedisBackend.Tu
     const lock = yield* Effect.provideService(Lock.make("secrets:lock", { name: "secrets" }), LockBackend, Context.get(backend, LockBackend))
     return yield* Lock.withLock(Effect.void, lock, { timeout: "300 millis" })
   })
-
-/** A loopback port nothing listens on. */
-const deadPort: Effect.Effect<number> = Effect.async<number>((resume) => {
-  const server = net.createServer()
-  server.listen(0, "127.0.0.1", () => {
-    const address = server.address()
-    const port = typeof address === "object" && address !== null ? address.port : 0
-    server.close(() => resume(Effect.succeed(port)))
-  })
-})
 
 /** Sends one command with a client of the test's own (to set ACL users up). */
 const setUp = (server: RedisServer.RedisServer, ...args: ReadonlyArray<string>): Effect.Effect<unknown> =>

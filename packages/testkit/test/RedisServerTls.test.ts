@@ -22,10 +22,18 @@ if (!runnable) {
 
 type Outcome = "pong" | `refused: ${string}` | `other: ${string}`
 
-/** A PING over TLS with `options`; what happened within `timeoutMs`. */
-const tlsPing = (port: number, options: tls.ConnectionOptions, timeoutMs = 2_000): Effect.Effect<Outcome> =>
+/**
+ * A PING on a socket `connect` opens (it emits `ready` once the handshake, if any, is done); what
+ * happened within `timeoutMs`. An error counts as `refusal` (`refused` over TLS, `other` in plain).
+ */
+const ping = (
+  connect: () => net.Socket,
+  ready: "secureConnect" | "connect",
+  refusal: "refused" | "other",
+  timeoutMs: number
+): Effect.Effect<Outcome> =>
   Effect.async<Outcome>((resume) => {
-    const socket = tls.connect({ host: "127.0.0.1", port, ...options })
+    const socket = connect()
     let settled = false
     let received = ""
     const settle = (outcome: Outcome) => {
@@ -36,12 +44,12 @@ const tlsPing = (port: number, options: tls.ConnectionOptions, timeoutMs = 2_000
       resume(Effect.succeed(outcome))
     }
     const timer = setTimeout(() => settle("other: timeout"), timeoutMs)
-    socket.on("secureConnect", () => socket.write("PING\r\n"))
+    socket.on(ready, () => socket.write("PING\r\n"))
     socket.on("data", (chunk: Buffer) => {
       received += chunk.toString()
       if (received.includes("\r\n")) settle(received.startsWith("+PONG") ? "pong" : `other: ${received.trim()}`)
     })
-    socket.on("error", (error) => settle(`refused: ${error.message}`))
+    socket.on("error", (error) => settle(`${refusal}: ${error.message}`))
     socket.on("close", () => settle(`other: closed after ${JSON.stringify(received)}`))
     return Effect.sync(() => {
       settled = true
@@ -50,33 +58,13 @@ const tlsPing = (port: number, options: tls.ConnectionOptions, timeoutMs = 2_000
     })
   })
 
+/** A PING over TLS with `options`; what happened within `timeoutMs`. */
+const tlsPing = (port: number, options: tls.ConnectionOptions, timeoutMs = 2_000): Effect.Effect<Outcome> =>
+  ping(() => tls.connect({ host: "127.0.0.1", port, ...options }), "secureConnect", "refused", timeoutMs)
+
 /** A plaintext PING: a TLS-only port never answers PONG to it. */
 const plainPing = (port: number): Effect.Effect<Outcome> =>
-  Effect.async<Outcome>((resume) => {
-    const socket = net.createConnection({ host: "127.0.0.1", port })
-    let settled = false
-    let received = ""
-    const settle = (outcome: Outcome) => {
-      if (settled) return
-      settled = true
-      clearTimeout(timer)
-      socket.destroy()
-      resume(Effect.succeed(outcome))
-    }
-    const timer = setTimeout(() => settle("other: timeout"), 1_000)
-    socket.on("connect", () => socket.write("PING\r\n"))
-    socket.on("data", (chunk: Buffer) => {
-      received += chunk.toString()
-      if (received.includes("\r\n")) settle(received.startsWith("+PONG") ? "pong" : `other: ${received.trim()}`)
-    })
-    socket.on("error", (error) => settle(`other: ${error.message}`))
-    socket.on("close", () => settle(`other: closed after ${JSON.stringify(received)}`))
-    return Effect.sync(() => {
-      settled = true
-      clearTimeout(timer)
-      socket.destroy()
-    })
-  })
+  ping(() => net.createConnection({ host: "127.0.0.1", port }), "connect", "other", 1_000)
 
 describe.runIf(runnable)("RedisServer with TLS", () => {
   it.scopedLive("tls: true: a TLS-only server on its port, trusted through the returned CA, for 127.0.0.1 and localhost", () =>
