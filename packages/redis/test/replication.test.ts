@@ -302,8 +302,7 @@ describe.runIf(runnable)("replica acknowledgement on a primary with two replicas
     it.scoped("latch changes and fence raises are acknowledged; a latch call can be retried", () =>
       Effect.gen(function*() {
         const sentinel = yield* Topology
-        // the live replica must answer within the timeout (it took over 150 ms on a loaded machine)
-        const backend = yield* replicated({ replicas: 2, timeout: "600 millis" })
+        const backend = yield* replicated({ replicas: 2, timeout: "150 millis" })
         const latch = yield* CountDownLatch.make("ack-latch").pipe(withBackend(backend))
         assert.isTrue(yield* CountDownLatch.trySetCount(latch, 3))
         assert.strictEqual(yield* CountDownLatch.countDown(latch), 2)

@@ -326,6 +326,25 @@ export const make = (options: Options = {}): Effect.Effect<RedisSentinel, RedisS
           : Either.left(`${node.name} is at offset ${reached}, ${master.name} at ${offset}`)
       })
 
+    /**
+     * Whether `master` has heard `node` acknowledge `offset` (its `slaveN:` line): what `WAIT` counts.
+     * A replica that has just (re)connected has the data but acknowledges it only at its next
+     * `REPLCONF ACK` (once a second): until then a `WAIT` on the master does not count it.
+     */
+    const acknowledgedBy = (node: Node, master: Node, offset: number): Check<void> =>
+      Effect.map(info(master.port, "replication"), (fields) => {
+        for (const [name, value] of fields) {
+          if (!/^slave\d+$/.test(name)) continue
+          const entry = new Map(value.split(",").map((pair) => pair.split("=") as [string, string]))
+          if (Number(entry.get("port")) !== node.port) continue
+          const acked = Number(entry.get("offset"))
+          return entry.get("state") === "online" && acked >= offset
+            ? Either.right(undefined)
+            : Either.left(`${master.name} has ${node.name} at offset ${acked} (${entry.get("state") ?? "?"}), not ${offset}`)
+        }
+        return Either.left(`${master.name} does not list ${node.name} as a replica`)
+      })
+
     const masterOffset = (master: Node): Effect.Effect<number, RedisServerError> =>
       Effect.map(info(master.port, "replication"), (fields) => Number(fields.get("master_repl_offset") ?? "0"))
 
@@ -657,7 +676,17 @@ export const make = (options: Options = {}): Effect.Effect<RedisSentinel, RedisS
           // a sentinel's CONFIG REWRITE may have persisted the lock
           yield* call(node.port, ["CONFIG", "REWRITE"], REWRITE_TIMEOUT)
           if ((yield* node.role) === "master") return
-          yield* routeThroughProxy(link, yield* master, decode(timeout, DEFAULT_WAIT_TIMEOUT))
+          const limit = decode(timeout, DEFAULT_WAIT_TIMEOUT)
+          const current = yield* master
+          yield* routeThroughProxy(link, current, limit)
+          // restored means counted by a WAIT again: the master has heard the replica acknowledge
+          const offset = yield* masterOffset(current)
+          yield* poll(
+            `${node.name} did not acknowledge ${current.name}'s offset ${offset} after its link was restored`,
+            limit,
+            acknowledgedBy(node, current, offset),
+            logged([{ name: node.name, server: node }])
+          )
         }))
       )
 
