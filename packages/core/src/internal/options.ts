@@ -21,21 +21,10 @@ const maxKeyLength = 1024
  */
 const maxKeyBytes = 2816
 
-/** The length of well-formed `text` in UTF-8. */
-const utf8Length = (text: string): number => {
-  let bytes = 0
-  for (let i = 0; i < text.length; i++) {
-    const c = text.charCodeAt(i)
-    if (c < 0x80) bytes += 1
-    else if (c < 0x800) bytes += 2
-    else if (c >= 0xD800 && c <= 0xDBFF) {
-      // a surrogate pair: one character of 4 bytes
-      bytes += 4
-      i++
-    } else bytes += 3
-  }
-  return bytes
-}
+const utf8 = new TextEncoder()
+
+/** The length of `text` in UTF-8 (only long keys are measured: it copies them). */
+const utf8Length = (text: string): number => utf8.encode(text).length
 
 /**
  * Why `input` cannot name anything on a backend (`undefined`: it can). A lone surrogate is no
