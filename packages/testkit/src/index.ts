@@ -53,3 +53,10 @@ export * as RedisServer from "./RedisServer.js"
  * @since 0.1.0
  */
 export * as TcpProxy from "./TcpProxy.js"
+
+/**
+ * Real ZooKeeper servers (standalone and ensembles) for tests.
+ *
+ * @since 0.1.0
+ */
+export * as ZooKeeperServer from "./ZooKeeperServer.js"

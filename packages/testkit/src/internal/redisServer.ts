@@ -4,15 +4,14 @@
  * @since 0.1.0
  * @internal
  */
-import type { ChildProcess } from "node:child_process"
-import { execFile, spawn } from "node:child_process"
-import { existsSync, rmSync } from "node:fs"
+import { execFile } from "node:child_process"
+import { existsSync } from "node:fs"
 import * as fs from "node:fs/promises"
 import * as net from "node:net"
-import * as os from "node:os"
 import * as path from "node:path"
 import * as tls from "node:tls"
-import { Data, Deferred, Duration, Effect, Exit, Option, Ref, Schedule, Scope } from "effect"
+import type { Scope } from "effect"
+import { Data, Duration, Effect, Option, Schedule } from "effect"
 import type {
   Address,
   Certificates,
@@ -22,6 +21,9 @@ import type {
   RedisServer,
   TlsOptions
 } from "../RedisServer.js"
+import type { Proc } from "./serverProcess.js"
+import * as ServerProcess from "./serverProcess.js"
+import { close, describeExit, HOST, listen, withLog } from "./serverProcess.js"
 
 /** Every failure of the launcher. */
 export class RedisServerError extends Data.TaggedError("RedisServerError")<{
@@ -29,13 +31,9 @@ export class RedisServerError extends Data.TaggedError("RedisServerError")<{
   readonly cause?: unknown
 }> {}
 
-/** The loopback address every server binds. */
-export const HOST = "127.0.0.1"
+export { HOST, withLog }
 
 const LOG_TAIL_CHARS = 4_000
-const ERROR_TAIL_LINES = 25
-const TERM_GRACE = Duration.seconds(2)
-const KILL_WAIT = Duration.seconds(5)
 const PING_ATTEMPT = Duration.millis(500)
 const POLL_INTERVAL = Duration.millis(25)
 const DEFAULT_START_TIMEOUT = Duration.seconds(10)
@@ -75,14 +73,6 @@ export const cliBin = (override: string | undefined): Effect.Effect<string> =>
     }
     return "redis-cli"
   })
-
-const tailLines = (text: string, lines: number = ERROR_TAIL_LINES): string =>
-  text.trimEnd().split("\n").slice(-lines).join("\n")
-
-export const withLog = (message: string, log: string): string => {
-  const tail = tailLines(log)
-  return tail === "" ? `${message} (no output)` : `${message}; last output:\n${tail}`
-}
 
 interface CommandOutput {
   readonly stdout: string
@@ -130,38 +120,6 @@ export const available: Effect.Effect<boolean> = Effect.suspend(() =>
 // ---------------------------------------------------------------------------------------------
 // ports
 // ---------------------------------------------------------------------------------------------
-
-/** Listens on `port` (0: any) on the loopback address and returns the open server and its port. */
-const listen = (port: number): Effect.Effect<Option.Option<{ readonly server: net.Server; readonly port: number }>> =>
-  Effect.async((resume) => {
-    const server = net.createServer()
-    let settled = false
-    server.once("error", () => {
-      if (!settled) {
-        settled = true
-        resume(Effect.succeed(Option.none()))
-      }
-    })
-    server.listen({ port, host: HOST, exclusive: true }, () => {
-      const address = server.address()
-      if (settled) return
-      settled = true
-      if (address !== null && typeof address === "object") {
-        resume(Effect.succeed(Option.some({ server, port: address.port })))
-      } else {
-        server.close()
-        resume(Effect.succeed(Option.none()))
-      }
-    })
-    return Effect.sync(() => {
-      server.close()
-    })
-  })
-
-const close = (server: net.Server): Effect.Effect<void> =>
-  Effect.async<void>((resume) => {
-    server.close(() => resume(Effect.void))
-  })
 
 /**
  * A free loopback port: bind port 0, read it, close. With `cluster`, the port is at most 55535 and
@@ -340,148 +298,13 @@ export const ping = (
 // processes
 // ---------------------------------------------------------------------------------------------
 
-interface ExitInfo {
-  readonly code: number | null
-  readonly signal: NodeJS.Signals | null
-  readonly error?: Error
-}
-
-const describeExit = (info: ExitInfo): string =>
-  info.error !== undefined
-    ? info.error.message
-    : info.signal !== null
-    ? `killed by ${info.signal}`
-    : `exit code ${String(info.code)}`
-
-interface Proc {
-  readonly child: ChildProcess
-  readonly pid: number
-  readonly exited: Deferred.Deferred<ExitInfo>
-  /** The tail of stdout + stderr (redis-server logs to stdout when `--logfile` is unset). */
-  readonly log: { text: string }
-}
-
-/** What is left to clean up if the Node process exits before the scopes close. */
-interface Leftovers {
-  readonly children: Set<ChildProcess>
-  readonly dirs: Set<string>
-}
-
-/**
- * Children still alive are SIGKILLed, and temp dirs removed, if the Node process exits before
- * their scopes close. Kept on `globalThis` so that one `exit` hook serves every copy of this
- * module in a process (test runners may evaluate it once per test file).
- */
-const leftovers = (): Leftovers => {
-  const key = Symbol.for("@lockstep/testkit/RedisServer/leftovers")
-  const holder = globalThis as { [key]?: Leftovers }
-  const existing = holder[key]
-  if (existing !== undefined) return existing
-  const created: Leftovers = { children: new Set(), dirs: new Set() }
-  holder[key] = created
-  process.once("exit", () => {
-    for (const child of created.children) {
-      try {
-        child.kill("SIGKILL")
-      } catch {
-        // nothing left to do while exiting
-      }
-    }
-    for (const dir of created.dirs) {
-      try {
-        rmSync(dir, { recursive: true, force: true })
-      } catch {
-        // nothing left to do while exiting
-      }
-    }
-  })
-  return created
-}
-
-const signal = (proc: Proc, sig: NodeJS.Signals): Effect.Effect<boolean> =>
-  Effect.sync(() => {
-    try {
-      return proc.child.kill(sig)
-    } catch {
-      return false
-    }
-  })
-
-/** Spawns the process; fails (with the spawn error) if it cannot be started at all. */
-const spawnProcess = (bin: string, args: ReadonlyArray<string>): Effect.Effect<Proc, RedisServerError> =>
-  Effect.gen(function*() {
-    const exited = yield* Deferred.make<ExitInfo>()
-    const log = { text: "" }
-    const append = (chunk: Buffer | string): void => {
-      log.text = (log.text + chunk.toString()).slice(-LOG_TAIL_CHARS)
-    }
-    // Spawning and wiring every listener happen in one synchronous step, so that no event
-    // (notably a spawn `error`, which would otherwise be unhandled) can slip in between.
-    const child = yield* Effect.try({
-      try: () => {
-        const child = spawn(bin, args, { stdio: ["ignore", "pipe", "pipe"] })
-        child.stdout?.on("data", append)
-        child.stderr?.on("data", append)
-        child.stdout?.on("error", () => undefined)
-        child.stderr?.on("error", () => undefined)
-        child.on("error", (error) => {
-          append(`\n[${bin}] ${error.message}\n`)
-          if (child.pid === undefined) Deferred.unsafeDone(exited, Exit.succeed({ code: null, signal: null, error }))
-        })
-        child.on("exit", (code, sig) => {
-          leftovers().children.delete(child)
-          Deferred.unsafeDone(exited, Exit.succeed({ code, signal: sig }))
-        })
-        if (child.pid !== undefined) leftovers().children.add(child)
-        return child
-      },
-      catch: (cause) => new RedisServerError({ message: `cannot start ${bin}: ${String(cause)}`, cause })
-    })
-    const pid = child.pid
-    if (pid === undefined) {
-      const info = yield* Deferred.await(exited)
-      const hint = (info.error as NodeJS.ErrnoException | undefined)?.code === "ENOENT"
-        ? " (not found: install redis-server or set REDIS_SERVER_BIN)"
-        : ""
-      return yield* new RedisServerError({
-        message: `cannot start ${bin}: ${describeExit(info)}${hint}`,
-        cause: info.error
-      })
-    }
-    return { child, pid, exited, log }
-  })
-
-const isAlive = (proc: Proc): Effect.Effect<boolean> => Effect.map(Deferred.isDone(proc.exited), (done) => !done)
-
-/** SIGKILL, then wait (bounded) for the exit. */
-const forceKill = (proc: Proc, port: number): Effect.Effect<void, RedisServerError> =>
-  Effect.gen(function*() {
-    if (!(yield* isAlive(proc))) return
-    yield* signal(proc, "SIGKILL")
-    yield* Deferred.await(proc.exited).pipe(
-      Effect.timeoutFail({
-        duration: KILL_WAIT,
-        onTimeout: () =>
-          new RedisServerError({
-            message: `redis-server (pid ${proc.pid}, port ${port}) did not exit within ${
-              Duration.format(KILL_WAIT)
-            } of SIGKILL`
-          })
-      })
-    )
-  })
-
-/** SIGCONT + SIGTERM, SIGKILL after the grace period; never fails. */
-const terminate = (proc: Proc): Effect.Effect<void> =>
-  Effect.gen(function*() {
-    if (!(yield* isAlive(proc))) return
-    yield* signal(proc, "SIGCONT")
-    yield* signal(proc, "SIGTERM")
-    const ended = yield* Deferred.await(proc.exited).pipe(Effect.timeout(TERM_GRACE), Effect.option)
-    if (Option.isSome(ended)) return
-    yield* signal(proc, "SIGKILL")
-    yield* Deferred.await(proc.exited).pipe(Effect.timeout(KILL_WAIT), Effect.ignore)
-  })
+const { awaitReady, makeSlot, tempDir } = ServerProcess.make<RedisServerError>({
+  leftoversKey: "@lockstep/testkit/RedisServer/leftovers",
+  logTailChars: LOG_TAIL_CHARS,
+  name: "redis-server",
+  notFoundHint: " (not found: install redis-server or set REDIS_SERVER_BIN)",
+  error: (props) => new RedisServerError(props)
+})
 
 /** Polls PING until PONG, failing early (with the log tail) if the process exits first. */
 const waitReady = (
@@ -489,30 +312,16 @@ const waitReady = (
   port: number,
   timeout: Duration.Duration,
   secure: TlsClient | undefined
-): Effect.Effect<void, RedisServerError> => {
-  const pong = ping(port, PING_ATTEMPT, secure).pipe(Effect.retry(Schedule.spaced(POLL_INTERVAL)))
-  const exitedEarly = Effect.flatMap(Deferred.await(proc.exited), (info) =>
-    Effect.fail(
-      new RedisServerError({
-        message: withLog(
-          `redis-server on port ${port} exited (${describeExit(info)}) before answering PING`,
-          proc.log.text
-        )
-      })
-    ))
-  return Effect.raceFirst(pong, exitedEarly).pipe(
-    Effect.timeoutFail({
-      duration: timeout,
-      onTimeout: () =>
-        new RedisServerError({
-          message: withLog(
-            `redis-server (pid ${proc.pid}) on port ${port} did not answer PING within ${Duration.format(timeout)}`,
-            proc.log.text
-          )
-        })
-    })
-  )
-}
+): Effect.Effect<void, RedisServerError> =>
+  awaitReady({
+    proc,
+    probe: ping(port, PING_ATTEMPT, secure),
+    interval: POLL_INTERVAL,
+    timeout,
+    exitedEarly: (info) => `redis-server on port ${port} exited (${describeExit(info)}) before answering PING`,
+    timedOut: () =>
+      `redis-server (pid ${proc.pid}) on port ${port} did not answer PING within ${Duration.format(timeout)}`
+  })
 
 const addressInUse = (error: RedisServerError): boolean => /address already in use|EADDRINUSE/i.test(error.message)
 
@@ -522,19 +331,6 @@ const addressInUse = (error: RedisServerError): boolean => /address already in u
 
 const DEFAULT_ALT_NAMES: ReadonlyArray<string> = [HOST, "localhost"]
 const OPENSSL_TIMEOUT = Duration.seconds(10)
-
-/** A temp dir removed when the scope closes (or when the Node process exits first). */
-const tempDir = (prefix: string): Effect.Effect<string, RedisServerError, Scope.Scope> =>
-  Effect.acquireRelease(
-    Effect.tryPromise({
-      try: () => fs.mkdtemp(path.join(os.tmpdir(), prefix)),
-      catch: (cause) => new RedisServerError({ message: `cannot create a temp dir: ${String(cause)}`, cause })
-    }).pipe(Effect.tap((dir) => Effect.sync(() => leftovers().dirs.add(dir)))),
-    (dir) =>
-      Effect.promise(() => fs.rm(dir, { recursive: true, force: true }).catch(() => undefined)).pipe(
-        Effect.zipRight(Effect.sync(() => leftovers().dirs.delete(dir)))
-      )
-  )
 
 const isIp = (name: string): boolean => net.isIP(name) !== 0
 
@@ -641,11 +437,6 @@ export interface Launch {
   readonly tls?: Certificates
 }
 
-interface Running {
-  readonly proc: Proc
-  readonly scope: Scope.CloseableScope
-}
-
 export const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerError, Scope.Scope> =>
   Effect.gen(function*() {
     const dir = yield* tempDir("lockstep-redis-")
@@ -658,8 +449,7 @@ export const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerEr
     }
     const lock = yield* Effect.makeSemaphore(1)
     const serialized = lock.withPermits(1)
-    const current = yield* Ref.make(Option.none<Running>())
-    const closed = yield* Ref.make(false)
+    const slot = yield* makeSlot
 
     const argsFor = (port: number): ReadonlyArray<string> => [
       ...(configPath === undefined ? [] : [configPath]),
@@ -681,37 +471,12 @@ export const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerEr
       ...config.args(port)
     ]
 
-    /** Gracefully stops the current process (if any) and forgets it. */
-    const stopCurrent = Effect.flatMap(Ref.getAndSet(current, Option.none()), (running) =>
-      Option.match(running, {
-        onNone: () => Effect.void,
-        onSome: ({ scope }) => Scope.close(scope, Exit.void)
-      }))
-
     /** Starts a process on `port` (the current one must be stopped) and waits until it answers. */
     const start = (port: number): Effect.Effect<void, RedisServerError> =>
-      Effect.uninterruptibleMask((restore) =>
-        Effect.gen(function*() {
-          const scope = yield* Scope.make()
-          const proc = yield* Effect.acquireRelease(spawnProcess(config.bin, argsFor(port)), terminate).pipe(
-            Scope.extend(scope),
-            Effect.tapError(() => Scope.close(scope, Exit.void))
-          )
-          yield* Ref.set(current, Option.some({ proc, scope }))
-          yield* restore(waitReady(proc, port, config.startTimeout, config.tls)).pipe(
-            Effect.onError(() =>
-              forceKill(proc, port).pipe(
-                Effect.ignore,
-                Effect.zipRight(Scope.close(scope, Exit.void)),
-                Effect.zipRight(Ref.set(current, Option.none()))
-              )
-            )
-          )
-        })
-      )
+      slot.start(port, config.bin, argsFor(port), (proc) => waitReady(proc, port, config.startTimeout, config.tls))
 
     yield* Effect.addFinalizer(() =>
-      serialized(Effect.zipRight(Ref.set(closed, true), stopCurrent))
+      serialized(slot.close)
     )
 
     /** The first start picks the port, retrying with another one if it was taken meanwhile. */
@@ -723,44 +488,9 @@ export const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerEr
         ))
     const port = yield* serialized(firstStart(1))
 
-    const running: Effect.Effect<Option.Option<Proc>> = Effect.flatMap(Ref.get(current), (option) =>
-      Option.match(option, {
-        onNone: () => Effect.succeed(Option.none()),
-        onSome: ({ proc }) => Effect.map(isAlive(proc), (alive) => (alive ? Option.some(proc) : Option.none()))
-      }))
-
     const cannot = (what: string, why: string) =>
       new RedisServerError({ message: `cannot ${what} redis-server on port ${port}: ${why}` })
 
-    const requireRunning = (what: string): Effect.Effect<Proc, RedisServerError> =>
-      Effect.flatMap(running, (option) =>
-        Option.match(option, {
-          onNone: () => Effect.fail(cannot(what, "it is not running")),
-          onSome: Effect.succeed
-        }))
-
-    const signalling = (what: string, sig: NodeJS.Signals): Effect.Effect<void, RedisServerError> =>
-      serialized(Effect.flatMap(requireRunning(what), (proc) =>
-        Effect.flatMap(signal(proc, sig), (sent) => sent ? Effect.void : Effect.fail(cannot(what, `${sig} failed`)))))
-
-    const kill: Effect.Effect<void, RedisServerError> = serialized(
-      Effect.flatMap(Ref.get(current), (option) =>
-        Option.match(option, {
-          onNone: () => Effect.void,
-          onSome: ({ proc, scope }) =>
-            forceKill(proc, port).pipe(
-              Effect.zipRight(Scope.close(scope, Exit.void)),
-              Effect.zipRight(Ref.set(current, Option.none()))
-            )
-        }))
-    )
-
-    const restart: Effect.Effect<void, RedisServerError> = serialized(
-      Effect.flatMap(Ref.get(closed), (isClosed) =>
-        isClosed
-          ? Effect.fail(cannot("restart", "its scope is closed"))
-          : Effect.zipRight(stopCurrent, start(port)))
-    )
 
     const server: RedisServer = {
       host: HOST,
@@ -768,13 +498,7 @@ export const launch = (config: Launch): Effect.Effect<RedisServer, RedisServerEr
       url: `${config.tls === undefined ? "redis" : "rediss"}://${HOST}:${port}`,
       ca: config.tls?.ca,
       dir,
-      pid: Effect.map(running, Option.map((proc) => proc.pid)),
-      isRunning: Effect.map(running, Option.isSome),
-      logs: Effect.map(Ref.get(current), Option.match({ onNone: () => "", onSome: ({ proc }) => proc.log.text })),
-      kill,
-      restart,
-      pause: signalling("pause", "SIGSTOP"),
-      resume: signalling("resume", "SIGCONT")
+      ...slot.controls({ port, serialized, cannot, start: start(port) })
     }
     return server
   })
