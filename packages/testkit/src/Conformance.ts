@@ -58,6 +58,20 @@ export interface Harness {
    * stall for a while.
    */
   readonly handOffMs?: number | undefined
+  /**
+   * How the backend's fences grow. `"counter"` (default): a key's fences count up by one per new
+   * grant, and `inspect` reports the last one while the backend remembers it. `"gapped"`: each new
+   * fence is greater than the last by any amount (ZooKeeper's zxids, which other writes of the
+   * ensemble also advance), and `inspect` may report 0 once nobody holds the key.
+   */
+  readonly fences?: "counter" | "gapped" | undefined
+  /**
+   * The order waiters of a key are let in. `"fit"` (default): freed capacity goes to every waiter
+   * it fits, past one it does not fit (a semaphore waiter for fewer permits, a reader behind a
+   * waiting writer). `"fifo"`: waiters are let in in the order they queued, each as soon as it
+   * fits: a waiter that does not fit keeps those behind it out (ZooKeeper's recipes).
+   */
+  readonly order?: "fit" | "fifo" | undefined
 }
 
 /**

@@ -177,6 +177,12 @@ export interface Generation {
   /** Whether shared requests may be `fair` (default true; exclusive ones always may). */
   readonly fairShared?: boolean | undefined
   /**
+   * `"byKey"`: every request on an odd key is fair and none on an even one, for backends whose
+   * fair and non-fair waiters stand in one queue (ZooKeeper's), where a non-fair request does not
+   * pass fair waiters as the rules let it. Default `"any"`.
+   */
+  readonly fairness?: "any" | "byKey" | undefined
+  /**
    * `"exact"` (default): leases of 10 to 100 ms, waiter TTLs of 10 or 30 ms, and `Advance`
    * commands. Live: no `Advance` commands, leases of 60, 90 or 120 s and waiter TTLs of 60 or 90 s.
    */
@@ -332,7 +338,11 @@ export const commands = (generation: Generation = {}): fc.Arbitrary<ReadonlyArra
         permits: r.mode === "exclusive" ? 1 : Math.min(r.permits, limit),
         limit,
         leaseMs: r.leaseMs,
-        fair: r.mode === "exclusive" || fairShared ? r.fair : false,
+        fair: generation.fairness === "byKey"
+          ? r.key % 2 === 1 && (r.mode === "exclusive" || fairShared)
+          : r.mode === "exclusive" || fairShared
+          ? r.fair
+          : false,
         waiterTtlMs: r.waiterTtlMs
       })
     })
