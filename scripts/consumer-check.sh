@@ -26,7 +26,7 @@ if [ "${LOCKSTEP_KEEP_CONSUMER:-}" = 1 ]; then echo "working in $WORK"; else tra
 
 $PNPM build
 mkdir -p "$WORK/tarballs"
-for package in core memory redis sql testkit cli; do
+for package in core memory redis sql zookeeper testkit cli; do
   (cd "packages/$package" && $PNPM pack --pack-destination "$WORK/tarballs" >/dev/null)
 done
 TARBALLS=$(ls "$WORK"/tarballs/*.tgz)
@@ -159,7 +159,7 @@ cli_consumer() {
   cp scripts/consumer/cli.mjs "$dir/"
   echo '{ "name": "consumer-cli", "version": "0.0.0", "private": true }' > "$dir/package.json"
   echo "== @lockstep/cli: npm install of the tarballs"
-  (cd "$dir" && npm install --loglevel=error --no-audit --no-fund $(ls "$WORK"/tarballs/lockstep-{core,redis,sql,cli}-*.tgz) >/dev/null)
+  (cd "$dir" && npm install --loglevel=error --no-audit --no-fund $(ls "$WORK"/tarballs/lockstep-{core,redis,sql,zookeeper,cli}-*.tgz) >/dev/null)
   (cd "$dir" && npx --no-install lockstep --help | grep -q "lockstep run") || { echo "npx lockstep --help: no run command"; exit 1; }
   echo "npx lockstep --help: ok"
   (cd "$dir" && npx --no-install lockstep run --help | grep -q "EXAMPLES") || { echo "npx lockstep run --help: no examples"; exit 1; }
