@@ -1,6 +1,6 @@
 /**
  * The backend a command locks on, from a URL (`--backend` or `LOCKSTEP_BACKEND`): every scheme the
- * Redis and SQL backends take, plus `redis+cluster://` for a Redis Cluster. The URL is checked
+ * Redis, SQL and ZooKeeper backends take, plus `redis+cluster://` for a Redis Cluster. The URL is checked
  * before anything connects; a failure to connect is one line naming the endpoint.
  */
 import { Config, Effect, Either, Layer, Option, Redacted } from "effect"
@@ -8,11 +8,12 @@ import type { LockBackend } from "@lockstep/core/LockBackend"
 import type { BackendError, InvalidLockOptions } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
 import { SqlBackend } from "@lockstep/sql"
+import { ZooKeeperBackend } from "@lockstep/zookeeper"
 import { CliFailure, ExitCodes, usage } from "./errors.js"
 
 /** The schemes, as the help and the errors list them. */
 export const schemes =
-  "redis://, rediss://, redis+sentinel://, rediss+sentinel://, redis+cluster://, rediss+cluster://, postgres://, postgresql://, mysql://, mariadb://, sqlite:<file>"
+  "redis://, rediss://, redis+sentinel://, rediss+sentinel://, redis+cluster://, rediss+cluster://, postgres://, postgresql://, mysql://, mariadb://, sqlite:<file>, zk://"
 
 const CLUSTER = /^(rediss?)\+cluster:\/\//i
 
@@ -97,6 +98,8 @@ export const layerFor = (
           )
         )
       )
+    case "zk":
+      return Either.right(ZooKeeperBackend.layerFrom(Redacted.make(url)))
     default:
       return Either.left(
         usage(
