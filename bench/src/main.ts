@@ -22,6 +22,7 @@ import * as s7 from "./s7-memory.js"
 import * as s8 from "./s8-commands.js"
 import * as s9 from "./s9-sql.js"
 import * as s10 from "./s10-failover.js"
+import * as s11 from "./s11-zookeeper.js"
 import type { Env } from "./shared.js"
 import { connect, flushAll, fmt, gcAvailable, info, logLines, now, quietLogger, resetLogLines } from "./shared.js"
 
@@ -39,7 +40,8 @@ const scenarios: ReadonlyArray<{ readonly id: string; readonly run: (env: Env) =
   { id: "7", run: s7.run },
   { id: "8", run: s8.run },
   { id: "9", run: s9.run },
-  { id: "10", run: s10.run }
+  { id: "10", run: s10.run },
+  { id: "11", run: s11.run }
 ]
 
 const resultsFile = new URL("../results/latest.json", import.meta.url)

@@ -265,6 +265,8 @@ export interface LoopOptions {
   readonly cycles?: number | undefined
   /** Record the wait of every acquisition (from the call to the grant). */
   readonly trackWaits?: boolean | undefined
+  /** With `trackWaits`: also keep every wait (for percentiles over several workers). */
+  readonly keepWaits?: boolean | undefined
   /** Record the time of every successful cycle (from the lock call to the unlock's return). */
   readonly trackLatencies?: boolean | undefined
 }
@@ -286,6 +288,8 @@ export interface LoopResult {
   readonly count: number
   /** Longest acquisition wait, ms (NaN when not tracked). */
   readonly maxWaitMs: number
+  /** Every acquisition's wait, ms (only with `keepWaits`). */
+  readonly waitsMs?: ReadonlyArray<number> | undefined
   /** Cycle times of the cycles counted (only when tracked). */
   readonly latencyMs?: Latencies | undefined
   readonly failures: Failures
@@ -299,6 +303,7 @@ export const runLoop = (locker: Locker, options: LoopOptions): Effect.Effect<Loo
   const endAt = options.endAt ?? Infinity
   const cycles = options.cycles ?? Infinity
   const track = options.trackWaits === true
+  const waits: Array<number> | undefined = track && options.keepWaits === true ? [] : undefined
   const cycleTimes: Array<number> | undefined = options.trackLatencies === true ? [] : undefined
   const latencyMs = () => (cycleTimes === undefined ? undefined : latenciesOf(cycleTimes))
   const lock = locker.lock
@@ -313,7 +318,11 @@ export const runLoop = (locker: Locker, options: LoopOptions): Effect.Effect<Loo
         const started = now()
         try {
           const release = await lock()
-          if (track) maxWaitMs = Math.max(maxWaitMs, now() - started)
+          if (track) {
+            const waited = now() - started
+            maxWaitMs = Math.max(maxWaitMs, waited)
+            waits?.push(waited)
+          }
           if (options.holdMs > 0) await sleep(options.holdMs)
           await release()
           const ended = now()
@@ -325,7 +334,7 @@ export const runLoop = (locker: Locker, options: LoopOptions): Effect.Effect<Loo
           addFailure(failures, error)
         }
       }
-      return { count, maxWaitMs, latencyMs: latencyMs(), failures }
+      return { count, maxWaitMs, waitsMs: waits, latencyMs: latencyMs(), failures }
     })
   }
   return Effect.gen(function*() {
@@ -337,7 +346,9 @@ export const runLoop = (locker: Locker, options: LoopOptions): Effect.Effect<Loo
     const hold = options.holdMs > 0 ? Effect.sleep(Duration.millis(options.holdMs)) : Effect.void
     const body = track
       ? Effect.zipRight(Effect.sync(() => {
-        maxWaitMs = Math.max(maxWaitMs, now() - started)
+        const waited = now() - started
+        maxWaitMs = Math.max(maxWaitMs, waited)
+        waits?.push(waited)
       }), hold)
       : hold
     const cycle = locker.withLock(body)
@@ -355,7 +366,7 @@ export const runLoop = (locker: Locker, options: LoopOptions): Effect.Effect<Loo
         cycleTimes?.push(ended - started)
       }
     }
-    return { count, maxWaitMs, latencyMs: latencyMs(), failures }
+    return { count, maxWaitMs, waitsMs: waits, latencyMs: latencyMs(), failures }
   })
 }
 
