@@ -16,9 +16,10 @@
  *   and the next contender deletes it then, only if it was not written meanwhile. So a fixed
  *   `lease` ends when it says even while the holder's process lives, and the watchdog keeps a
  *   lease by rewriting the node.
- * - **Fences**: a grant's fence is its node's creation zxid (`czxid`), which grows with every
+ * - **Fences**: a grant's fence is the zxid of the first write of the attempt that was granted
+ *   (its node's creation, `czxid`, or a waiter's last rewrite of its node), which grows with every
  *   write of the ensemble, across leader elections: every grant's fence is greater than the fence
- *   of every grant made before its node was created.
+ *   of every grant answered before its acquisition was sent.
  * - **At-least-once**: a `create` whose answer was lost leaves a node under the holder's name; the
  *   clean-up that follows a failed attempt finds it by that prefix and deletes it. A connection
  *   lost and restored within the session timeout keeps every node.
