@@ -3,19 +3,15 @@
  * namespace, keys that are not plain path names, fences from zxids, a closed backend, and what an
  * error may say.
  */
-import { afterAll, assert, describe, it } from "@effect/vitest"
+import { assert, describe, it } from "@effect/vitest"
 import { Cause, Effect, Exit, Layer, Option, Redacted, Scope } from "effect"
 import * as Zk from "node-zookeeper-client"
 import { Lock, LockBackend, LockError } from "@lockstep/core"
-import { ZooKeeperServer } from "@lockstep/testkit"
 import { ZooKeeperBackend } from "@lockstep/zookeeper"
 import { deadPort } from "../../redis/test/fixtures/realRedis.js"
+import { serverForFile } from "./fixtures/server.js"
 
-const required = process.env["LOCKSTEP_REQUIRE_ZOOKEEPER"] === "1"
-const available = await Effect.runPromise(ZooKeeperServer.available)
-const scope = Effect.runSync(Scope.make())
-afterAll(() => Effect.runPromise(Scope.close(scope, Exit.void)))
-const server = available || required ? await Effect.runPromise(Scope.extend(ZooKeeperServer.make(), scope)) : undefined
+const server = await serverForFile("ZooKeeper backend suite")
 
 /** The children of `path`, read with a client of the test's own. */
 const children = (path: string) =>

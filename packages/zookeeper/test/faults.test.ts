@@ -10,21 +10,16 @@
  * connection for a while, or hold back what the server answers and deliver it later.
  */
 import * as net from "node:net"
-import { afterAll, assert, describe, it } from "@effect/vitest"
+import { assert, describe, it } from "@effect/vitest"
 import { Cause, Context, Duration, Effect, Either, Exit, Fiber, Layer, Option, Scope } from "effect"
 import { FairLock, Lock, LockBackend } from "@lockstep/core"
 import { TcpProxy, ZooKeeperServer } from "@lockstep/testkit"
 import { ZooKeeperBackend } from "@lockstep/zookeeper"
 import * as Zk from "node-zookeeper-client"
+import { serverForFile } from "./fixtures/server.js"
 
-const required = process.env["LOCKSTEP_REQUIRE_ZOOKEEPER"] === "1"
-const available = await Effect.runPromise(ZooKeeperServer.available)
-if (!available) console.warn("ZooKeeper faults suite NOT RUN: no Java runtime or ZooKeeper jar (Debian's zookeeper package)")
 
-// one standalone server for the file; each test works under a namespace of its own
-const scope = Effect.runSync(Scope.make())
-afterAll(() => Effect.runPromise(Scope.close(scope, Exit.void)))
-const server = available || required ? await Effect.runPromise(Scope.extend(ZooKeeperServer.make(), scope)) : undefined
+const server = await serverForFile("ZooKeeper faults suite")
 
 const nowMs = (): number => performance.now()
 

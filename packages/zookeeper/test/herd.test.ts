@@ -3,18 +3,14 @@
  * own, so every release lets in, and wakes, one waiter. Counted at the backend: the acquisition
  * attempts made from the moment all waiters are queued until the last is granted.
  */
-import { afterAll, assert, describe, it } from "@effect/vitest"
+import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Fiber, Layer, Scope } from "effect"
 import type { LockBackend as Backend } from "@lockstep/core"
 import { FairLock, Lock, LockBackend } from "@lockstep/core"
-import { ZooKeeperServer } from "@lockstep/testkit"
 import { ZooKeeperBackend } from "@lockstep/zookeeper"
+import { serverForFile } from "./fixtures/server.js"
 
-const required = process.env["LOCKSTEP_REQUIRE_ZOOKEEPER"] === "1"
-const available = await Effect.runPromise(ZooKeeperServer.available)
-const scope = Effect.runSync(Scope.make())
-afterAll(() => Effect.runPromise(Scope.close(scope, Exit.void)))
-const server = available || required ? await Effect.runPromise(Scope.extend(ZooKeeperServer.make(), scope)) : undefined
+const server = await serverForFile("ZooKeeper herd suite")
 
 const waiters = 12
 
