@@ -1,9 +1,10 @@
 import { assert, describe, it } from "@effect/vitest"
 import { execFile } from "node:child_process"
-import { existsSync, readdirSync, readFileSync } from "node:fs"
+import { existsSync } from "node:fs"
 import * as net from "node:net"
 import { Effect, Either, Option } from "effect"
 import * as RedisServer from "@lockstep/testkit/RedisServer"
+import { childProcesses, portFree, processExists } from "./fixtures/processes.js"
 
 const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"
 const available = await Effect.runPromise(RedisServer.available)
@@ -72,41 +73,9 @@ const cli = (port: number, ...args: ReadonlyArray<string>): Effect.Effect<string
     })
   })
 
-/** Whether a process with that pid exists (`kill(pid, 0)` does not throw). */
-const processExists = (pid: number): boolean => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch {
-    return false
-  }
-}
 
-/** Whether the port can be bound on the loopback address right now. */
-const portFree = (port: number): Effect.Effect<boolean> =>
-  Effect.async<boolean>((resume) => {
-    const server = net.createServer()
-    server.once("error", () => resume(Effect.succeed(false)))
-    server.listen({ port, host: "127.0.0.1", exclusive: true }, () => server.close(() => resume(Effect.succeed(true))))
-  })
 
-/** redis-server processes whose parent is this test process (Linux /proc; empty elsewhere). */
-const childRedisServers = (): ReadonlyArray<number> => {
-  if (!existsSync("/proc/self/stat")) return []
-  const found: Array<number> = []
-  for (const entry of readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry)) continue
-    try {
-      const stat = readFileSync(`/proc/${entry}/stat`, "utf8")
-      const comm = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"))
-      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1])
-      if (ppid === process.pid && comm.startsWith("redis-server")) found.push(Number(entry))
-    } catch {
-      // the process went away while we looked
-    }
-  }
-  return found
-}
+const childRedisServers = () => childProcesses((name) => name.startsWith("redis-server"))
 
 const pidOf = (server: RedisServer.RedisServer): Effect.Effect<number> =>
   Effect.flatMap(server.pid, Option.match({ onNone: () => Effect.die(new Error("no pid")), onSome: Effect.succeed }))

@@ -1,10 +1,11 @@
 import { assert, describe, it } from "@effect/vitest"
 import { execFile } from "node:child_process"
-import { existsSync, readdirSync, readFileSync } from "node:fs"
+import { existsSync, readFileSync } from "node:fs"
 import * as net from "node:net"
 import * as path from "node:path"
 import { Effect, Either, Option, Schedule } from "effect"
 import * as ZooKeeperServer from "@lockstep/testkit/ZooKeeperServer"
+import { childProcesses, portFree, processExists } from "./fixtures/processes.js"
 
 const required = process.env["LOCKSTEP_REQUIRE_ZOOKEEPER"] === "1"
 const available = await Effect.runPromise(ZooKeeperServer.available)
@@ -95,41 +96,9 @@ const zkGet = (connectionString: string, node: string): Effect.Effect<string, st
     Effect.retry({ times: 3 })
   )
 
-/** Whether a process with that pid exists (`kill(pid, 0)` does not throw). */
-const processExists = (pid: number): boolean => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch {
-    return false
-  }
-}
 
-/** Whether the port can be bound on the loopback address right now. */
-const portFree = (port: number): Effect.Effect<boolean> =>
-  Effect.async<boolean>((resume) => {
-    const server = net.createServer()
-    server.once("error", () => resume(Effect.succeed(false)))
-    server.listen({ port, host: "127.0.0.1", exclusive: true }, () => server.close(() => resume(Effect.succeed(true))))
-  })
 
-/** ZooKeeper servers (java running QuorumPeerMain) whose parent is this test process (Linux /proc). */
-const childZooKeeperServers = (): ReadonlyArray<number> => {
-  if (!existsSync("/proc/self/stat")) return []
-  const found: Array<number> = []
-  for (const entry of readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry)) continue
-    try {
-      const stat = readFileSync(`/proc/${entry}/stat`, "utf8")
-      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1])
-      if (ppid !== process.pid) continue
-      if (readFileSync(`/proc/${entry}/cmdline`, "utf8").includes("QuorumPeerMain")) found.push(Number(entry))
-    } catch {
-      // the process went away while we looked
-    }
-  }
-  return found
-}
+const childZooKeeperServers = () => childProcesses((_, commandLine) => commandLine().includes("QuorumPeerMain"))
 
 const pidOf = (server: ZooKeeperServer.ZooKeeperServer): Effect.Effect<number> =>
   Effect.flatMap(server.pid, Option.match({ onNone: () => Effect.die(new Error("no pid")), onSome: Effect.succeed }))
