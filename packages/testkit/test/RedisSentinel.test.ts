@@ -1,10 +1,10 @@
 import { assert, describe, it } from "@effect/vitest"
 import { execFile } from "node:child_process"
 import { existsSync } from "node:fs"
-import { Effect, Either, Option, Schedule } from "effect"
+import { Effect, Either, Schedule } from "effect"
 import { Redis } from "ioredis"
 import { RedisSentinel, RedisServer } from "@lockstep/testkit"
-import { childProcesses, portFree, processExists } from "./fixtures/processes.js"
+import { childProcesses, pidOf, portFree, processExists } from "./fixtures/processes.js"
 
 const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"
 const available = await Effect.runPromise(RedisServer.available)
@@ -59,8 +59,6 @@ const fields = (reply: string): Map<string, string> => {
 
 const childRedisServers = () => childProcesses((name) => name.startsWith("redis-server"))
 
-const pidOf = (server: RedisServer.RedisServer): Effect.Effect<number> =>
-  Effect.flatMap(server.pid, Option.match({ onNone: () => Effect.die(new Error("no pid")), onSome: Effect.succeed }))
 
 /** An ioredis client through the sentinels, closed with the scope. */
 const sentinelClient = (topology: RedisSentinel.RedisSentinel) =>

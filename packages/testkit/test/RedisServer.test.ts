@@ -4,7 +4,7 @@ import { existsSync } from "node:fs"
 import * as net from "node:net"
 import { Effect, Either, Option } from "effect"
 import * as RedisServer from "@lockstep/testkit/RedisServer"
-import { childProcesses, portFree, processExists } from "./fixtures/processes.js"
+import { childProcesses, pidOf, portFree, processExists } from "./fixtures/processes.js"
 
 const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"
 const available = await Effect.runPromise(RedisServer.available)
@@ -77,8 +77,6 @@ const cli = (port: number, ...args: ReadonlyArray<string>): Effect.Effect<string
 
 const childRedisServers = () => childProcesses((name) => name.startsWith("redis-server"))
 
-const pidOf = (server: RedisServer.RedisServer): Effect.Effect<number> =>
-  Effect.flatMap(server.pid, Option.match({ onNone: () => Effect.die(new Error("no pid")), onSome: Effect.succeed }))
 
 describe.skipIf(!runnable)(title, () => {
   it("redis-server can be executed", () => {

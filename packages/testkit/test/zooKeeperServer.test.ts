@@ -5,7 +5,7 @@ import * as net from "node:net"
 import * as path from "node:path"
 import { Effect, Either, Option, Schedule } from "effect"
 import * as ZooKeeperServer from "@lockstep/testkit/ZooKeeperServer"
-import { childProcesses, portFree, processExists } from "./fixtures/processes.js"
+import { childProcesses, pidOf, portFree, processExists } from "./fixtures/processes.js"
 
 const required = process.env["LOCKSTEP_REQUIRE_ZOOKEEPER"] === "1"
 const available = await Effect.runPromise(ZooKeeperServer.available)
@@ -100,8 +100,6 @@ const zkGet = (connectionString: string, node: string): Effect.Effect<string, st
 
 const childZooKeeperServers = () => childProcesses((_, commandLine) => commandLine().includes("QuorumPeerMain"))
 
-const pidOf = (server: ZooKeeperServer.ZooKeeperServer): Effect.Effect<number> =>
-  Effect.flatMap(server.pid, Option.match({ onNone: () => Effect.die(new Error("no pid")), onSome: Effect.succeed }))
 
 describe.skipIf(!runnable)(title, () => {
   it("java and the ZooKeeper jar are present", () => {
