@@ -12,12 +12,12 @@ import type { Reply, TlsClient } from "./redisServer.js"
 import {
   call as callWithin,
   certificatesFor,
-  HOST,
   launch,
   RedisServerError,
   ReplyError,
   serverBin
 } from "./redisServer.js"
+import { HOST } from "./serverProcess.js"
 import * as TcpProxy from "./tcpProxy.js"
 
 const DEFAULT_REPLICAS = 2

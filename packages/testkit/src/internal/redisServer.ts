@@ -31,7 +31,6 @@ export class RedisServerError extends Data.TaggedError("RedisServerError")<{
   readonly cause?: unknown
 }> {}
 
-export { HOST, withLog }
 
 const LOG_TAIL_CHARS = 4_000
 const PING_ATTEMPT = Duration.millis(500)

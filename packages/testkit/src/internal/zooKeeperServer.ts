@@ -29,7 +29,6 @@ export class ZooKeeperServerError extends Data.TaggedError("ZooKeeperServerError
   readonly cause?: unknown
 }> {}
 
-export { HOST }
 
 /** Debian's `zookeeper` package: the server jar (its manifest names the rest of the classpath). */
 export const ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
