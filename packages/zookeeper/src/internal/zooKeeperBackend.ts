@@ -17,7 +17,7 @@ import { backendClosed, BackendError, LockUpgradeNotSupported, NotHeld } from "@
 import * as Zk from "node-zookeeper-client"
 import type { Contender } from "./layout.js"
 import { decodeData, decodeFloor, encodeData, encodeFloor, nodeName, parseContender, paths, prefixOf } from "./layout.js"
-import type { Seen } from "./queue.js"
+import type { Judged, Seen } from "./queue.js"
 import { excludesReaders, isHolder, judge, mayHold } from "./queue.js"
 import type { Session } from "./session.js"
 import type { Outcome, Reply, Request, Stat } from "./zk.js"
@@ -68,6 +68,10 @@ const bufferOf = (holder: Holder): Buffer =>
     g: 1,
     f: holder.fence
   })
+
+/** A shared holder of the key whose limit is not the request's: the key's stored limit, as the rules keep it. */
+const limitConflict = (live: ReadonlyArray<Judged>, request: LockBackend.AcquireRequest): Judged | undefined =>
+  live.find((n) => isHolder(n) && n.data!.s > 0 && n.data!.m !== request.limit)
 
 const reply = <T extends Reply["_tag"]>(outcome: Outcome | undefined, tag: T): Extract<Reply, { _tag: T }> | undefined =>
   outcome !== undefined && !(outcome instanceof ZkFailure) && outcome._tag === tag ? (outcome as Extract<Reply, { _tag: T }>) : undefined
@@ -467,7 +471,7 @@ export const make = (
           })
         // a shared request naming another limit than the key's live shared nodes
         if (request.mode === "shared") {
-          const other = live.find((n) => isHolder(n) && n.data!.s > 0 && n.data!.m !== request.limit)
+          const other = limitConflict(live, request)
           if (other !== undefined) {
             if (fresh) yield* dropOwn()
             else {
@@ -631,7 +635,7 @@ export const make = (
             // refused either way; a limit that differs from the key's is named first, as the rules do
             if (request.mode === "shared") {
               const { seen } = yield* readKey("acquire", request.key)
-              const other = judge(seen, serverNow()).live.find((n) => isHolder(n) && n.data!.s > 0 && n.data!.m !== request.limit)
+              const other = limitConflict(judge(seen, serverNow()).live, request)
               if (other !== undefined) return yield* Effect.fail(Rules.limitMismatch(request.key, other.data!.m, request.limit))
             }
             return yield* Effect.fail(new NotHeld({ key: request.key, holder: request.holder }))
