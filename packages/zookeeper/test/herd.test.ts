@@ -4,7 +4,7 @@
  * attempts made from the moment all waiters are queued until the last is granted.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Layer, Scope } from "effect"
+import { Effect, Exit, Fiber, Layer, Schedule, Scope } from "effect"
 import type { LockBackend as Backend } from "@lockstep/core"
 import { FairLock, Lock, LockBackend } from "@lockstep/core"
 import { ZooKeeperBackend } from "@lockstep/zookeeper"
@@ -20,10 +20,8 @@ const counted = (attempts: { count: number }) =>
     LockBackend.LockBackend,
     Effect.map(LockBackend.LockBackend, (backend): Backend.Service => ({
       ...backend,
-      acquire: (request) => Effect.suspend(() => {
-        attempts.count += 1
-        return backend.acquire(request)
-      })
+      // counted once answered: a waiter counted twice has its place in the queue
+      acquire: (request) => Effect.ensuring(backend.acquire(request), Effect.sync(() => void (attempts.count += 1)))
     }))
   ).pipe(Layer.provide(ZooKeeperBackend.layerFrom(server!.connectionString, { namespace: `/herd-${crypto.randomUUID()}` })))
 
@@ -41,16 +39,20 @@ describe.runIf(server !== undefined)("ZooKeeper: a release wakes one waiter", ()
           yield* Scope.extend(Lock.acquire(lock), holderScope)
           const order: Array<number> = []
           const fibers = []
+          // each waiter queues before the next arrives: its first attempt and its subscribed one
+          // (which keeps its node) are answered before the next waiter starts
+          const answered = (count: number) =>
+            Effect.repeat(Effect.sync(() => attempts.count >= count), {
+              until: (done) => done,
+              schedule: Schedule.spaced("5 millis")
+            }).pipe(Effect.timeoutFail({ duration: "10 seconds", onTimeout: () => new Error(`${attempts.count} attempts, waiting for ${count}`) }))
           for (let i = 0; i < waiters; i++) {
             fibers.push(yield* Effect.fork(Effect.scoped(Effect.zipRight(Lock.acquire(lock), Effect.sync(() => order.push(i))))))
-            yield* Effect.sleep("20 millis")
+            yield* answered(1 + 2 * (i + 1))
           }
-          yield* Effect.sleep("300 millis")
           const queued = attempts.count
-          // each waiter made its first attempt and its subscribed one, and a few tried again once
-          // (a waiter that queued behind the node of another's first attempt, which went at once)
-          assert.isAtLeast(queued, 2 * waiters)
-          assert.isAtMost(queued, 3 * waiters, `${queued} attempts to queue ${waiters} waiters`)
+          // the holder's one attempt, then two per waiter: nobody woken while they queued
+          assert.strictEqual(queued, 1 + 2 * waiters)
           yield* Scope.close(holderScope, Exit.void)
           yield* Effect.forEach(fibers, Fiber.join)
           const afterRelease = attempts.count - queued
