@@ -218,6 +218,51 @@ const namespace = (name: string) => `/faults-${name}-${crypto.randomUUID()}`
 
 describe.runIf(server !== undefined)("ZooKeeper backend faults on a real ZooKeeper server", () => {
   it.scopedLive(
+    "the server killed and started again on its data within the session timeout: the session and its hold survive, and the next grant's fence is above it",
+    () =>
+      Effect.gen(function*() {
+        // a server of this test's own: the others' stay up
+        const own = yield* ZooKeeperServer.make()
+        const ns = namespace("restart")
+        const key = "restarted"
+        const holderBackend = yield* backendOn(own.connectionString, { namespace: ns, sessionTimeout: "10 seconds", commandTimeout: "1 second" })
+        const otherBackend = yield* backendOn(own.connectionString, { namespace: ns, commandTimeout: "1 second" })
+        const mine = yield* using(holderBackend)(Lock.make(key))
+        const theirs = yield* using(otherBackend)(Lock.make(key))
+        const held = yield* Scope.make()
+        const lease = yield* Scope.extend(Lock.acquire(mine), held)
+        const lost = yield* Effect.fork(Effect.exit(lease.lost))
+
+        const killedAt = nowMs()
+        yield* own.kill
+        yield* own.restart
+        const restartedAt = nowMs()
+        // the holder's session is in the server's snapshot and log: a renewal succeeds again once
+        // its client has reconnected
+        const renew = holderBackend.renew([{ key, holder: lease.holder, leaseMs: 30_000 }]).pipe(
+          Effect.map((results) => results.length === 1 && Either.isRight(results[0]!) && results[0].right),
+          Effect.orElseSucceed(() => false)
+        )
+        yield* eventually("a renewal after the restart", renew, 8_000)
+        const renewedAt = nowMs()
+        const deniedAfter = Option.isNone(yield* tryOnce(theirs))
+        const lostMeanwhile = Option.isSome(yield* Fiber.poll(lost))
+        yield* Scope.close(held, Exit.void)
+        const next = yield* tryOnce(theirs)
+        console.log(
+          `[server restart] killed and started again in ${(restartedAt - killedAt).toFixed(0)} ms; the holder's renewal ` +
+            `succeeded ${(renewedAt - restartedAt).toFixed(0)} ms later; other backend denied meanwhile: ${deniedAfter}; ` +
+            `lease lost: ${lostMeanwhile}; after the release: ${Option.isSome(next) ? `granted, fence ${next.value} > ${lease.fence}` : "DENIED"}`
+        )
+        assert.isTrue(deniedAfter, "another backend got in while the hold survived")
+        assert.isFalse(lostMeanwhile)
+        assert.isTrue(Option.isSome(next))
+        assert.isAbove(Option.getOrThrow(next), lease.fence)
+      }),
+    60_000
+  )
+
+  it.scopedLive(
     "a holder's connection black-holed past its session timeout: LockLost, and another backend is granted once the session expired, with a higher fence",
     () =>
       Effect.gen(function*() {
