@@ -315,6 +315,12 @@ describe.runIf(server !== undefined)("ZooKeeper backend faults on a real ZooKeep
         assert.isAtLeast(granted.at - cutAt, 1_200)
         assert.isTrue(grantedWhileCut, "granted while the holder was still cut off")
         assert.isAbove(granted.fence, lease.fence)
+        // the holder's backend opened a session of its own again: it locks as before
+        yield* eventually(
+          "the holder's backend to lock again on a new session",
+          Effect.map(Effect.orElseSucceed(tryOnce(mine), () => Option.none()), Option.isSome),
+          10_000
+        )
       }),
     60_000
   )
