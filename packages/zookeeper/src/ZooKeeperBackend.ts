@@ -80,7 +80,10 @@ const namespaceOf = (options: Options | undefined): string => {
  * until the client is connected. When the client's session expires its holds are lost, and every
  * later call fails until you give the backend a client with a live session. Make the client with
  * `retries` 0 (its default): a client that sends a request again after a connection loss would
- * send a sequential `create` twice, leaving the first node behind.
+ * send a sequential `create` twice, leaving the first node behind. While the backend lives, it
+ * gives up the client's connections that died without closing (an attempt not answered within a
+ * third of the session timeout, nothing heard for two thirds of it), as ZooKeeper's Java client
+ * does, so that the client resumes its session on another server.
  *
  * @example
  * ```ts

@@ -2,12 +2,16 @@
  * Faults of a real ZooKeeper under the ZooKeeper backend: a holder's connection black-holed past
  * its session timeout (the session expires, the hold with it), a connection dropped and restored
  * within the session timeout (every hold kept), the leader of a 3-member ensemble killed under a
- * held fair lock with two waiters, and a `create` whose reply never reached the client (held back
- * past the command timeout, or lost with a reset connection). Each test prints what it observed.
+ * held fair lock with two waiters, a `create` whose reply never reached the client (held back
+ * past the command timeout, or lost with a reset connection), the server killed and started again
+ * on its data, a reconnection the server accepts and never answers, and a connection gone silent
+ * while a new one would get through. Each test prints what it observed.
  *
  * The faults of the network are made by a small proxy of this file (`FaultProxy`) in front of the
  * server: it can black-hole a connection (bytes dropped both ways, nothing closed), refuse every
- * connection for a while, or hold back what the server answers and deliver it later.
+ * connection for a while, hold back what the server answers and deliver it later, accept a
+ * connection and never answer it (a server still starting), or silence the connections open now
+ * while new ones get through (a member cut off from the client while others are not).
  */
 import * as net from "node:net"
 import { assert, describe, it } from "@effect/vitest"
@@ -38,6 +42,12 @@ interface FaultProxy {
   readonly set: (mode: ProxyMode) => Effect.Effect<void>
   /** Bytes the server sent that were dropped or are held back. */
   readonly withheld: Effect.Effect<number>
+  /** The next `count` connections are accepted and never answered, and never closed. */
+  readonly silenceNext: (count: number) => Effect.Effect<void>
+  /** The connections open now go silent both ways, and stay open; new ones get through. */
+  readonly silenceCurrent: Effect.Effect<void>
+  /** Connections accepted so far. */
+  readonly accepted: Effect.Effect<number>
 }
 
 interface Pair {
@@ -47,6 +57,8 @@ interface Pair {
   broken: boolean
   /** The server closed its side while the client could not be told. */
   upstreamClosed: boolean
+  /** Bytes are dropped both ways, whatever the mode. */
+  silenced: boolean
   readonly held: Array<Buffer>
 }
 
@@ -59,32 +71,45 @@ const faultProxy = (target: { readonly host: string; readonly port: number }): E
   Effect.gen(function*() {
     let mode: ProxyMode = "open"
     let withheld = 0
+    let accepted = 0
+    let silentAccepts = 0
     const pairs = new Set<Pair>()
+    const unanswered = new Set<net.Socket>()
     const close = (pair: Pair) => {
       pairs.delete(pair)
       hardReset(pair.client)
       hardReset(pair.upstream)
     }
     const proxy = net.createServer((client) => {
+      accepted += 1
       if (mode === "down") {
         hardReset(client)
         return
       }
+      if (silentAccepts > 0) {
+        silentAccepts -= 1
+        unanswered.add(client)
+        client.on("data", () => {})
+        client.on("error", () => unanswered.delete(client))
+        client.on("close", () => unanswered.delete(client))
+        return
+      }
       const upstream = net.connect(target.port, target.host)
-      const pair: Pair = { client, upstream, broken: false, upstreamClosed: false, held: [] }
+      const pair: Pair = { client, upstream, broken: false, upstreamClosed: false, silenced: false, held: [] }
       pairs.add(pair)
       client.on("error", () => close(pair))
       upstream.on("error", () => {
-        if (mode === "blackhole") pair.upstreamClosed = true
+        if (mode === "blackhole" || pair.silenced) pair.upstreamClosed = true
         else close(pair)
       })
       client.on("close", () => close(pair))
       upstream.on("close", () => {
-        if (mode === "blackhole") pair.upstreamClosed = true
+        if (mode === "blackhole" || pair.silenced) pair.upstreamClosed = true
         else close(pair)
       })
       upstream.on("data", (chunk: Buffer) => {
-        if (mode === "blackhole") {
+        if (pair.silenced) withheld += chunk.length
+        else if (mode === "blackhole") {
           pair.broken = true
           withheld += chunk.length
         } else if (mode === "stallReplies" || pair.held.length > 0) {
@@ -93,6 +118,7 @@ const faultProxy = (target: { readonly host: string; readonly port: number }): E
         } else client.write(chunk)
       })
       client.on("data", (chunk: Buffer) => {
+        if (pair.silenced) return
         if (mode === "blackhole") pair.broken = true
         else upstream.write(chunk)
       })
@@ -103,12 +129,18 @@ const faultProxy = (target: { readonly host: string; readonly port: number }): E
     yield* Effect.addFinalizer(() =>
       Effect.async<void>((resume) => {
         for (const pair of [...pairs]) close(pair)
+        for (const socket of [...unanswered]) hardReset(socket)
         proxy.close(() => resume(Effect.void))
       })
     )
     return {
       connectionString: `127.0.0.1:${port}`,
       withheld: Effect.sync(() => withheld),
+      accepted: Effect.sync(() => accepted),
+      silenceNext: (count) => Effect.sync(() => void (silentAccepts += count)),
+      silenceCurrent: Effect.sync(() => {
+        for (const pair of pairs) pair.silenced = true
+      }),
       set: (next) =>
         Effect.sync(() => {
           mode = next
@@ -135,6 +167,30 @@ const backendOn = (
     Layer.build(ZooKeeperBackend.layerFrom(connectionString, options).pipe(Layer.orDie)),
     Context.get(LockBackend.LockBackend)
   )
+
+/**
+ * A backend on the client `layerFrom` makes, or on a client of the test's own (one that never
+ * sends a request again, `retries: 0`) given to `make`.
+ */
+const backendWith = (
+  client: "layerFrom" | "own client, retries 0",
+  connectionString: string,
+  options: ZooKeeperBackend.Options
+): Effect.Effect<LockBackend.Service, never, Scope.Scope> =>
+  client === "layerFrom"
+    ? backendOn(connectionString, options)
+    : Effect.flatMap(
+      Effect.acquireRelease(
+        Effect.sync(() => {
+          const sessionTimeout = Duration.toMillis(options.sessionTimeout ?? "10 seconds")
+          const own = Zk.createClient(connectionString, { sessionTimeout, spinDelay: 100, retries: 0 })
+          own.connect()
+          return own
+        }),
+        (own) => Effect.sync(() => own.close())
+      ),
+      (own) => Effect.orDie(ZooKeeperBackend.make(own, options))
+    )
 
 const using = (service: LockBackend.Service) => Effect.provideService(LockBackend.LockBackend, service)
 
@@ -214,7 +270,52 @@ const eventually = (what: string, check: Effect.Effect<boolean>, withinMs: numbe
 /** One attempt on `lock`, released at once: its fence, or `None` when denied. */
 const tryOnce = (lock: Lock.Lock) => Effect.scoped(Effect.map(Lock.tryAcquire(lock), Option.map((lease) => lease.fence)))
 
+/** Whether `backend` renews `holder`'s hold of `key` now (false when the call fails or is refused). */
+const renewsNow = (backend: LockBackend.Service, key: string, holder: string): Effect.Effect<boolean> =>
+  backend.renew([{ key, holder, leaseMs: 30_000 }]).pipe(
+    Effect.map((results) => results.length === 1 && Either.isRight(results[0]!) && results[0].right),
+    Effect.orElseSucceed(() => false)
+  )
+
 const namespace = (name: string) => `/faults-${name}-${crypto.randomUUID()}`
+
+/**
+ * A lock of `key` held by a backend that reaches the server through a `FaultProxy`, beside a
+ * backend connected directly; the hold's lease lasts 12 s (renewed every 4 s).
+ */
+const heldThroughProxy = (
+  zk: ZooKeeperServer.ZooKeeperServer,
+  key: string,
+  options: { readonly sessionTimeout: Duration.DurationInput; readonly client?: "layerFrom" | "own client, retries 0" }
+) =>
+  Effect.gen(function*() {
+    const ns = namespace(key)
+    const proxy = yield* faultProxy(zk)
+    const holderBackend = yield* backendWith(options.client ?? "layerFrom", proxy.connectionString, {
+      namespace: ns,
+      sessionTimeout: options.sessionTimeout,
+      commandTimeout: "1 second"
+    })
+    const otherBackend = yield* backendOn(zk.connectionString, { namespace: ns, commandTimeout: "1 second" })
+    const mine = yield* using(holderBackend)(Lock.make(key, { watchdog: "12 seconds" }))
+    const theirs = yield* using(otherBackend)(Lock.make(key))
+    const lease = yield* Lock.acquire(mine)
+    const lost = yield* Effect.fork(Effect.exit(lease.lost))
+    /** Whether the hold stands now: the other backend is denied, the lease neither lost nor ended. */
+    const holdStands = Effect.gen(function*() {
+      const denied = Option.isNone(yield* tryOnce(theirs))
+      const lostMeanwhile = Option.isSome(yield* Fiber.poll(lost))
+      const state = yield* lease.state
+      return { denied, lost: lostMeanwhile, state, text: `other backend denied: ${denied}; lease lost: ${lostMeanwhile}, state ${state}` }
+    })
+    return { proxy, holderBackend, mine, theirs, lease, lost, holdStands }
+  })
+
+const assertHoldStands = (stands: { readonly denied: boolean; readonly lost: boolean; readonly state: string }) => {
+  assert.isTrue(stands.denied, "another backend got in")
+  assert.isFalse(stands.lost)
+  assert.strictEqual(stands.state, "Held")
+}
 
 describe.runIf(server !== undefined)("ZooKeeper backend faults on a real ZooKeeper server", () => {
   it.scopedLive(
@@ -238,12 +339,9 @@ describe.runIf(server !== undefined)("ZooKeeper backend faults on a real ZooKeep
         yield* own.restart
         const restartedAt = nowMs()
         // the holder's session is in the server's snapshot and log: a renewal succeeds again once
-        // its client has reconnected
-        const renew = holderBackend.renew([{ key, holder: lease.holder, leaseMs: 30_000 }]).pipe(
-          Effect.map((results) => results.length === 1 && Either.isRight(results[0]!) && results[0].right),
-          Effect.orElseSucceed(() => false)
-        )
-        yield* eventually("a renewal after the restart", renew, 8_000)
+        // its client has reconnected (a connection the starting server accepted and never answered
+        // is given up after a third of the session timeout)
+        yield* eventually("a renewal after the restart", renewsNow(holderBackend, key, lease.holder), 8_000)
         const renewedAt = nowMs()
         const deniedAfter = Option.isNone(yield* tryOnce(theirs))
         const lostMeanwhile = Option.isSome(yield* Fiber.poll(lost))
@@ -266,18 +364,8 @@ describe.runIf(server !== undefined)("ZooKeeper backend faults on a real ZooKeep
     "a holder's connection black-holed past its session timeout: LockLost, and another backend is granted once the session expired, with a higher fence",
     () =>
       Effect.gen(function*() {
-        const zk = server!
-        const ns = namespace("expired")
-        const key = "session-expired"
-        const proxy = yield* faultProxy(zk)
         // the session (2 s) ends long before the lease (12 s): the session's end is what frees the key
-        const holderBackend = yield* backendOn(proxy.connectionString, { namespace: ns, sessionTimeout: "2 seconds", commandTimeout: "1 second" })
-        const otherBackend = yield* backendOn(zk.connectionString, { namespace: ns, commandTimeout: "1 second" })
-        const mine = yield* using(holderBackend)(Lock.make(key, { watchdog: "12 seconds" }))
-        const theirs = yield* using(otherBackend)(Lock.make(key, { watchdog: "12 seconds" }))
-
-        const lease = yield* Lock.acquire(mine)
-        const lost = yield* Effect.fork(Effect.exit(lease.lost))
+        const { lease, lost, mine, proxy, theirs } = yield* heldThroughProxy(server!, "session-expired", { sessionTimeout: "2 seconds" })
         assert.isTrue(Option.isNone(yield* tryOnce(theirs)), "denied while the holder's session lives")
 
         const cutAt = nowMs()
@@ -389,6 +477,68 @@ describe.runIf(server !== undefined)("ZooKeeper backend faults on a real ZooKeep
       }),
     60_000
   )
+
+  it.scopedLive(
+    "a reconnection the server accepts and never answers (a server still starting): given up after a third of the session timeout and made again, the session and its hold kept",
+    () =>
+      Effect.gen(function*() {
+        const key = "handshake-unanswered"
+        const { holdStands, holderBackend, lease, proxy } = yield* heldThroughProxy(server!, key, { sessionTimeout: "6 seconds" })
+
+        // the connection is reset, and the client's next one is accepted and never answered
+        yield* proxy.silenceNext(1)
+        const resetAt = nowMs()
+        yield* proxy.set("down")
+        yield* proxy.set("open")
+        yield* eventually("a renewal after the reset", renewsNow(holderBackend, key, lease.holder), 8_000)
+        const renewedAt = nowMs()
+        const accepted = yield* proxy.accepted
+        const stands = yield* holdStands
+        console.log(
+          `[handshake unanswered] connection reset, the next one accepted and never answered; the holder renewed ` +
+            `${(renewedAt - resetAt).toFixed(0)} ms after the reset (session timeout 6 s); connections accepted: ${accepted}; ` +
+            stands.text
+        )
+        // a third of the session timeout (2 s) on the unanswered attempt, then a new one, well
+        // before the session would have expired
+        assert.isAtLeast(renewedAt - resetAt, 1_500)
+        assert.isBelow(renewedAt - resetAt, 6_000)
+        assert.isAtLeast(accepted, 3)
+        assertHoldStands(stands)
+      }),
+    60_000
+  )
+
+  // once with the client `layerFrom` makes, once with a client of the test's own given to `make`
+  for (const client of ["layerFrom", "own client, retries 0"] as const) {
+    it.scopedLive(
+      `a connection gone silent while a new one would get through (a member cut off; ${client}): given up after two thirds of the session timeout, the session and its hold kept`,
+      () =>
+        Effect.gen(function*() {
+          const key = "connection-silent"
+          const { holdStands, holderBackend, lease, proxy } = yield* heldThroughProxy(server!, key, { sessionTimeout: "6 seconds", client })
+
+          const silencedAt = nowMs()
+          yield* proxy.silenceCurrent
+          yield* eventually("a renewal on a new connection", renewsNow(holderBackend, key, lease.holder), 10_000)
+          const renewedAt = nowMs()
+          const accepted = yield* proxy.accepted
+          // past the session timeout from the silence on: the session lives, and so does the hold
+          yield* Effect.sleep(Math.max(0, silencedAt + 7_000 - nowMs()))
+          const stands = yield* holdStands
+          console.log(
+            `[connection silent, ${client}] the holder's connection went silent (nothing closed); the holder renewed on a new ` +
+              `connection ${(renewedAt - silencedAt).toFixed(0)} ms later (session timeout 6 s); connections accepted: ` +
+              `${accepted}; 7 s after the silence: ${stands.text}`
+          )
+          // nothing heard for two thirds of the session timeout (4 s) at most, then a new connection
+          assert.isBelow(renewedAt - silencedAt, 6_000)
+          assert.isAtLeast(accepted, 2)
+          assertHoldStands(stands)
+        }),
+      60_000
+    )
+  }
 
   it.scopedLive(
     "the leader of a 3-member ensemble killed under a held fair lock with two waiters: the hold is kept, the waiters are granted in arrival order",
@@ -531,19 +681,7 @@ describe.runIf(server !== undefined)("ZooKeeper backend faults on a real ZooKeep
           const proxy = yield* TcpProxy.make(zk)
           const through = `127.0.0.1:${proxy.port}`
           const options = { namespace: ns, sessionTimeout: "20 seconds", commandTimeout: "2 seconds" } as const
-          const holderBackend = client === "layerFrom"
-            ? yield* backendOn(through, options)
-            : yield* Effect.flatMap(
-              Effect.acquireRelease(
-                Effect.sync(() => {
-                  const own = Zk.createClient(through, { sessionTimeout: 20_000, spinDelay: 100, retries: 0 })
-                  own.connect()
-                  return own
-                }),
-                (own) => Effect.sync(() => own.close())
-              ),
-              (own) => Effect.orDie(ZooKeeperBackend.make(own, options))
-            )
+          const holderBackend = yield* backendWith(client, through, options)
           const otherBackend = yield* backendOn(zk.connectionString, { namespace: ns, commandTimeout: "1 second" })
           const raw = yield* rawClient(zk.connectionString)
           const traced = tracing(holderBackend)

@@ -8,6 +8,7 @@ import type { Scope } from "effect"
 import { Effect } from "effect"
 import { BackendError } from "@lockstep/core/LockError"
 import * as Zk from "node-zookeeper-client"
+import { guardConnections } from "./connection.js"
 
 export interface Session {
   readonly client: () => Zk.Client
@@ -75,12 +76,15 @@ export const owned = (options: ConnectOptions): Effect.Effect<Session, BackendEr
     let epoch = 0
     let ended = false
     let current = open()
+    let unguard = guardConnections(current)
     const replaceWhenExpired = (client: Zk.Client) => {
       client.on("expired", () => {
         if (ended || current !== client) return
         epoch += 1
+        unguard()
         client.close()
         current = open()
+        unguard = guardConnections(current)
         replaceWhenExpired(current)
       })
     }
@@ -88,6 +92,7 @@ export const owned = (options: ConnectOptions): Effect.Effect<Session, BackendEr
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
         ended = true
+        unguard()
         current.close()
       })
     )
@@ -103,8 +108,15 @@ export const borrowed = (client: Zk.Client, connectTimeoutMs: number, endpoint: 
       epoch += 1
     }
     yield* Effect.acquireRelease(
-      Effect.sync(() => client.on("expired", onExpired)),
-      () => Effect.sync(() => client.removeListener("expired", onExpired))
+      Effect.sync(() => {
+        client.on("expired", onExpired)
+        return guardConnections(client)
+      }),
+      (unguard) =>
+        Effect.sync(() => {
+          unguard()
+          client.removeListener("expired", onExpired)
+        })
     )
     yield* connected(client, connectTimeoutMs, endpoint)
     return { client: () => client, epoch: () => epoch, timeoutMs: () => client.getSessionTimeout() }
