@@ -82,8 +82,8 @@ const namespaceOf = (options: Options | undefined): string => {
  * `retries` 0 (its default): a client that sends a request again after a connection loss would
  * send a sequential `create` twice, leaving the first node behind. While the backend lives, it
  * gives up the client's connections that died without closing (an attempt not answered within a
- * third of the session timeout, nothing heard for two thirds of it), as ZooKeeper's Java client
- * does, so that the client resumes its session on another server.
+ * third of the session timeout, nothing heard for two thirds of it), so that the client resumes
+ * its session on another server.
  *
  * @example
  * ```ts

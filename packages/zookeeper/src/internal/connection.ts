@@ -1,14 +1,16 @@
 /**
- * Dead connections of node-zookeeper-client, given up on as ZooKeeper's own Java client gives them
- * up. The library waits for the server's answer to its handshake without a limit once the TCP
- * connection is open (a server still starting can accept a connection and never read it), and
- * never notices a connection on which the server has gone silent (a member cut off from this
- * client while the others are not): either way the client sits on that connection until its
- * session has expired, holds and all. So, as the Java client does:
+ * Dead connections of node-zookeeper-client, given up on. The library waits for the server's
+ * answer to its handshake without a limit once the TCP connection is open (a server still
+ * starting can accept a connection and never read it), and never notices a connection on which
+ * the server has gone silent (a member cut off from this client while the others are not):
+ * either way the client sits on that connection until its session has expired, holds and all.
+ * ZooKeeper's Java client bounds both; so does this:
  *
- * - an attempt that has not been answered within a third of the session timeout is dropped;
+ * - an attempt not answered within a third of the session timeout (from its socket's creation)
+ *   is dropped. The Java client allows the session timeout divided by the number of servers: a
+ *   third lets even a single server that restarts be tried again within the session;
  * - a connection on which nothing has been heard for two thirds of the session timeout (the
- *   client pings every third when idle) is dropped.
+ *   client pings every third when idle) is dropped, the Java client's read timeout.
  *
  * The client then connects again, to the next server, and resumes its session while it lives.
  * This reaches into the client's connection manager (an EventEmitter with `state` events and its
@@ -54,6 +56,9 @@ export const guardConnections = (client: Zk.Client): () => void => {
   const manager = connectionManagerOf(client)
   if (manager === undefined) return () => {}
   const everyMs = Math.min(500, Math.max(50, manager.getSessionTimeout() / 20))
+  // the attempt's clock starts with its socket: the library may wait (its spin delay) between
+  // announcing an attempt and making it
+  let attemptSocket: net.Socket | undefined
   let attemptStartedAt = performance.now()
   let lastHeardAt = performance.now()
   let heardOn: net.Socket | undefined
@@ -67,7 +72,6 @@ export const guardConnections = (client: Zk.Client): () => void => {
     socket?.on("data", heard)
   }
   const onState = (state: number) => {
-    if (state === CONNECTING) attemptStartedAt = performance.now()
     if (state === CONNECTED || state === CONNECTED_READ_ONLY) {
       heard()
       listen(manager.socket)
@@ -85,9 +89,13 @@ export const guardConnections = (client: Zk.Client): () => void => {
     const socket = manager.socket
     if (stalled || socket === undefined || socket.destroyed) return
     const sessionTimeoutMs = manager.getSessionTimeout()
-    if (manager.state === CONNECTING && now - attemptStartedAt > sessionTimeoutMs / 3) {
-      attemptStartedAt = now
-      drop(socket, `no answer to the handshake within ${Math.round(sessionTimeoutMs / 3)} ms`)
+    if (manager.state === CONNECTING) {
+      if (socket !== attemptSocket) {
+        attemptSocket = socket
+        attemptStartedAt = now
+      } else if (now - attemptStartedAt > sessionTimeoutMs / 3) {
+        drop(socket, `no answer within ${Math.round(sessionTimeoutMs / 3)} ms`)
+      }
     } else if ((manager.state === CONNECTED || manager.state === CONNECTED_READ_ONLY) && now - lastHeardAt > sessionTimeoutMs * 2 / 3) {
       lastHeardAt = now
       drop(socket, `nothing heard for ${Math.round(sessionTimeoutMs * 2 / 3)} ms`)
