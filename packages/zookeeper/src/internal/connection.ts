@@ -59,7 +59,7 @@ export const guardConnections = (client: Zk.Client): () => void => {
   // the attempt's clock starts with its socket: the library may wait (its spin delay) between
   // announcing an attempt and making it
   let attemptSocket: net.Socket | undefined
-  let attemptStartedAt = performance.now()
+  let attemptStartedAt = 0
   let lastHeardAt = performance.now()
   let heardOn: net.Socket | undefined
   const heard = () => {
@@ -97,7 +97,6 @@ export const guardConnections = (client: Zk.Client): () => void => {
         drop(socket, `no answer within ${Math.round(sessionTimeoutMs / 3)} ms`)
       }
     } else if ((manager.state === CONNECTED || manager.state === CONNECTED_READ_ONLY) && now - lastHeardAt > sessionTimeoutMs * 2 / 3) {
-      lastHeardAt = now
       drop(socket, `nothing heard for ${Math.round(sessionTimeoutMs * 2 / 3)} ms`)
     }
   }

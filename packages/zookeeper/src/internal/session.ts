@@ -61,7 +61,16 @@ const connected = (client: Zk.Client, timeoutMs: number, endpoint: string): Effe
 /** A client of the backend's own, connected; closed with `scope`, replaced when its session expires. */
 export const owned = (options: ConnectOptions): Effect.Effect<Session, BackendError, Scope.Scope> =>
   Effect.gen(function*() {
-    const open = (): Zk.Client => {
+    let epoch = 0
+    let ended = false
+    let current!: Zk.Client
+    let unguard!: () => void
+    const closeCurrent = () => {
+      unguard()
+      current.close()
+    }
+    // a client and its guard, replaced together when the session expires
+    const open = (): void => {
       const client = Zk.createClient(options.connectionString, {
         sessionTimeout: options.sessionTimeoutMs,
         spinDelay: 100,
@@ -70,30 +79,21 @@ export const owned = (options: ConnectOptions): Effect.Effect<Session, BackendEr
         retries: 0
       })
       if (options.digest !== undefined) client.addAuthInfo("digest", Buffer.from(options.digest))
-      client.connect()
-      return client
-    }
-    let epoch = 0
-    let ended = false
-    let current = open()
-    let unguard = guardConnections(current)
-    const replaceWhenExpired = (client: Zk.Client) => {
       client.on("expired", () => {
         if (ended || current !== client) return
         epoch += 1
-        unguard()
-        client.close()
-        current = open()
-        unguard = guardConnections(current)
-        replaceWhenExpired(current)
+        closeCurrent()
+        open()
       })
+      client.connect()
+      current = client
+      unguard = guardConnections(client)
     }
-    replaceWhenExpired(current)
+    open()
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
         ended = true
-        unguard()
-        current.close()
+        closeCurrent()
       })
     )
     yield* connected(current, options.connectTimeoutMs, options.endpoint)
