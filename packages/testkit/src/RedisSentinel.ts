@@ -220,7 +220,11 @@ export interface Options {
   readonly name?: string
   /** Sentinels that must agree the master is down (default: a majority, 2 of 3). */
   readonly quorum?: number
-  /** `down-after-milliseconds` (default 1 s). */
+  /**
+   * `down-after-milliseconds` (default 1 s). Sentinels ping (and re-make a lost link) every quarter
+   * of it, at most every second (`SENTINEL DEBUG ping-period`): at Redis' own 1 s, a sentinel that
+   * switches to a promoted replica may reach it only after 1 s and call it down.
+   */
   readonly downAfter?: Duration.DurationInput
   /**
    * `failover-timeout` (default 5 s): bounds a failover's steps; a sentinel that started or voted

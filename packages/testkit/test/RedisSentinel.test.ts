@@ -78,6 +78,17 @@ const sentinelClient = (topology: RedisSentinel.RedisSentinel) =>
 
 const millisSince = (start: number): number => Math.round(performance.now() - start)
 
+/**
+ * The sentinels that ever called `node` a master gone (`+sdown master`). A promoted replica must
+ * never be: a sentinel that does so soon after the switch, while the old votes still count, fails
+ * over a second time onto whatever replica is left.
+ */
+const calledDown = (topology: RedisSentinel.RedisSentinel, node: RedisSentinel.Node) =>
+  Effect.filter(
+    topology.sentinels,
+    (sentinel) => Effect.map(sentinel.logs, (logs) => new RegExp(`\\+sdown master lockstep 127\\.0\\.0\\.1 ${node.port}$`, "m").test(logs))
+  ).pipe(Effect.map((sentinels) => sentinels.map((sentinel) => sentinel.port)))
+
 describe.skipIf(!runnable)(title, () => {
   it("redis-server can be executed", () => {
     assert.isTrue(
@@ -120,6 +131,8 @@ describe.skipIf(!runnable)(title, () => {
             const master = fields(yield* cli(sentinel.port, "SENTINEL", "MASTER", "lockstep"))
             assert.strictEqual(master.get("quorum"), "2")
             assert.strictEqual(master.get("down-after-milliseconds"), "1000")
+            // pings (and link re-connections) four times per down-after: see `calledDown`
+            assert.strictEqual(fields(yield* cli(sentinel.port, "SENTINEL", "DEBUG")).get("PING-PERIOD"), "250")
             assert.strictEqual(master.get("num-other-sentinels"), "2")
             assert.strictEqual(master.get("num-slaves"), "2")
             const known = yield* cli(sentinel.port, "SENTINEL", "REPLICAS", "lockstep")
@@ -308,6 +321,7 @@ describe.skipIf(!runnable)(title, () => {
       assert.strictEqual(infoField(yield* replication(r1.port), "master_port"), String(newProxy.port))
       assert.strictEqual(yield* cli(r1.port, "GET", "k2"), "v2")
       yield* topology.awaitSentinels()
+      assert.deepStrictEqual(yield* calledDown(topology, r0), [], "sentinels that called the promoted replica down")
     }))
 
   it.scopedLive("a stale replica (link cut before a write) can be the one promoted: the write is lost", () =>
@@ -343,6 +357,7 @@ describe.skipIf(!runnable)(title, () => {
       assert.strictEqual(yield* r1.role, "master")
       const notReplica = yield* Effect.either(topology.cutReplication(1))
       assert.isTrue(Either.isLeft(notReplica) && /it is the master/.test(notReplica.left.message))
+      assert.deepStrictEqual(yield* calledDown(topology, r1), [], "sentinels that called the promoted replica down")
     }))
 
   it.live("bad options and failed startups are typed RedisServerErrors", () =>

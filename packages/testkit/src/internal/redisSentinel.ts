@@ -27,6 +27,8 @@ const DEFAULT_DOWN_AFTER = Duration.seconds(1)
 const DEFAULT_FAILOVER_TIMEOUT = Duration.seconds(5)
 const DEFAULT_INFO_PERIOD = Duration.seconds(1)
 const DEFAULT_PUBLISH_PERIOD = Duration.millis(500)
+/** Redis' own ping period, which also spaces a sentinel's attempts to (re)connect a link. */
+const MAX_PING_PERIOD = Duration.seconds(1)
 const DEFAULT_START_TIMEOUT = Duration.seconds(10)
 const DEFAULT_READY_TIMEOUT = Duration.seconds(20)
 const DEFAULT_WAIT_TIMEOUT = Duration.seconds(20)
@@ -371,13 +373,20 @@ export const make = (options: Options = {}): Effect.Effect<RedisSentinel, RedisS
     // the data nodes are in sync before the sentinels look at them, so they see every replica at once
     yield* syncTo(primary, undefined, readyTimeout)
 
+    // A sentinel that switches to a promoted replica makes a new link to it, but no sooner than a
+    // ping period after its last attempt on the old master's link, and counts the silence since the
+    // switch: with the ping period as long as down-after, it can call the new master down and fail
+    // over again, onto whatever replica is left (an emptied old primary, if it is back).
+    const pingPeriod = Duration.min(Duration.unsafeDivide(downAfter, 4), MAX_PING_PERIOD)
     const debugArgs = [
       "SENTINEL",
       "DEBUG",
       "info-period",
       String(Duration.toMillis(infoPeriod)),
       "publish-period",
-      String(Duration.toMillis(publishPeriod))
+      String(Duration.toMillis(publishPeriod)),
+      "ping-period",
+      String(Math.max(1, Math.round(Duration.toMillis(pingPeriod))))
     ]
     // SENTINEL DEBUG (Redis >= 7.0) is not kept in the rewritten config, so it is set on every start
     const tune = (server: RedisServer) => Effect.ignore(call(server.port, debugArgs))
