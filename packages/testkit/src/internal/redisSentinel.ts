@@ -94,7 +94,18 @@ const roleOver = (call: Call) => (port: number): Effect.Effect<Role | "sentinel"
 /** Right: done; Left: why not yet (the last reason ends up in the timeout error). */
 type Check<A> = Effect.Effect<Either.Either<A, string>, RedisServerError>
 
-const tail = (log: string, lines: number): string => log.trimEnd().split("\n").slice(-lines).join("\n")
+/** A process whose last log lines a timeout reports; `only`: just the lines that match. */
+interface Logged {
+  readonly label: string
+  readonly server: RedisServer
+  readonly only?: RegExp
+}
+
+const tail = (log: string, lines: number, only: RegExp | undefined): string =>
+  log.trimEnd().split("\n").filter((line) => only === undefined || only.test(line)).slice(-lines).join("\n")
+
+/** A sentinel's warning-level lines (` # `): down and up calls, votes, failover steps, switches. */
+const SENTINEL_EVENTS = / # /
 
 /**
  * Repeats `check` until it succeeds; after `timeout`, fails with `what`, the last reason, and the
@@ -104,7 +115,7 @@ const poll = <A>(
   what: string,
   timeout: Duration.Duration,
   check: Check<A>,
-  logged: ReadonlyArray<{ readonly label: string; readonly server: RedisServer }> = []
+  logged: ReadonlyArray<Logged> = []
 ): Effect.Effect<A, RedisServerError> =>
   Effect.suspend(() => {
     let last = "no answer yet"
@@ -123,9 +134,9 @@ const poll = <A>(
         onSome: Effect.succeed,
         onNone: () =>
           Effect.flatMap(
-            Effect.forEach(logged, ({ label, server }) =>
+            Effect.forEach(logged, ({ label, only, server }) =>
               Effect.map(server.logs, (log) => {
-                const lines = tail(log, LOG_LINES)
+                const lines = tail(log, LOG_LINES, only)
                 return lines === "" ? "" : `\n--- ${label} (port ${server.port}), last lines:\n${lines}`
               })),
             (logs) =>
@@ -350,7 +361,13 @@ export const make = (options: Options = {}): Effect.Effect<RedisSentinel, RedisS
     const masterOffset = (master: Node): Effect.Effect<number, RedisServerError> =>
       Effect.map(info(master.port, "replication"), (fields) => Number(fields.get("master_repl_offset") ?? "0"))
 
-    const syncTo = (master: Node, only: ReadonlyArray<Node> | undefined, timeout: Duration.Duration) =>
+    /** Waits until the running replicas (or `only`) caught up with `master`; `alsoLogged` on a timeout. */
+    const syncTo = (
+      master: Node,
+      only: ReadonlyArray<Node> | undefined,
+      timeout: Duration.Duration,
+      alsoLogged: ReadonlyArray<Logged> = []
+    ) =>
       Effect.gen(function*() {
         const candidates = only ?? nodes.filter((node) => node !== master && !isCut(node))
         const expected: Array<Node> = []
@@ -366,7 +383,7 @@ export const make = (options: Options = {}): Effect.Effect<RedisSentinel, RedisS
               return pending.length === 0 ? Either.right(undefined) : Either.left(pending.join("; "))
             }
           ),
-          logged(expected.map((node) => ({ name: node.name, server: node })))
+          [...logged(expected.map((node) => ({ name: node.name, server: node }))), ...alsoLogged]
         )
       })
 
@@ -416,6 +433,7 @@ export const make = (options: Options = {}): Effect.Effect<RedisSentinel, RedisS
     )
     const sentinelAddresses: ReadonlyArray<Address> = sentinels.map((sentinel) => ({ host: HOST, port: sentinel.port }))
     const sentinelLogs = logged(sentinels.map((server, index) => ({ name: `sentinel-${index}`, server })))
+    const sentinelEvents = sentinelLogs.map((entry): Logged => ({ ...entry, only: SENTINEL_EVENTS }))
 
     const runningSentinels = Effect.filter(sentinels, (sentinel) => sentinel.isRunning)
 
@@ -526,7 +544,8 @@ export const make = (options: Options = {}): Effect.Effect<RedisSentinel, RedisS
         const start = yield* Clock.currentTimeMillis
         const current = yield* awaitMaster({ timeout: limit })
         const spent = Duration.millis((yield* Clock.currentTimeMillis) - start)
-        yield* syncTo(current, undefined, Duration.max(Duration.subtract(limit, spent), Duration.zero))
+        // a replica following the wrong master is the sentinels' doing: their events say why
+        yield* syncTo(current, undefined, Duration.max(Duration.subtract(limit, spent), Duration.zero), sentinelEvents)
       })
 
     const failover = (timeout?: Duration.DurationInput): Effect.Effect<Node, RedisServerError> =>
