@@ -17,7 +17,8 @@
  * the rules of `@lockstep/core/Rules` to the row's state and writes it back: expiry is judged on the
  * database server's clock, in the same transaction as the decision. Rows whose `expires_at` has
  * passed are deleted once a minute. Waiters wake on PostgreSQL's `LISTEN/NOTIFY`; on MySQL and
- * SQLite, which have no notifications, one query per backend reads the versions of the rows its
+ * SQLite, which have no notifications (and on PostgreSQL with `wakeUp: "poll"`, e.g. through
+ * PgBouncer in transaction mode), one query per backend reads the versions of the rows its
  * waiters wait on, every 25 ms (SQLite: 10 ms) while someone waits, and releases made by the same
  * backend wake its waiters at once.
  *
@@ -70,10 +71,52 @@ export interface Options {
   readonly commandTimeout?: Duration.DurationInput | undefined
   /** Most leases renewed in one transaction. Default 500. */
   readonly renewBatchSize?: number | undefined
-  /** MySQL and SQLite: how often waiters' rows are read for changes. Default 25 ms (SQLite 10 ms). */
+  /**
+   * How often waiters' rows are read for changes where the backend polls (MySQL, SQLite, and
+   * PostgreSQL with `wakeUp: "poll"`). Default 25 ms (SQLite 10 ms).
+   */
   readonly pollInterval?: Duration.DurationInput | undefined
+  /**
+   * PostgreSQL: how a waiter hears of a release made by another process.
+   *
+   * - `"listen"` (default): `LISTEN` on a connection the client opens for it (`@effect/sql-pg`).
+   *   Through PgBouncer this works in `pool_mode = session` only.
+   * - `{ listenUrl }`: `LISTEN` on a connection of the backend's own to this URL (node-postgres's
+   *   URL form, TLS parameters included), used for nothing else: PostgreSQL itself (or a PgBouncer
+   *   database in session mode) while the client goes through PgBouncer in `pool_mode =
+   *   transaction`. It must reach the same database as the client.
+   * - `"poll"`: no `LISTEN`; one query per `pollInterval` reads the versions of the rows waited on,
+   *   as on MySQL. Works through any pooler, and costs a query per interval while someone waits.
+   *
+   * With `LISTEN`, the layer sends itself a notification as it starts and waits up to 5 seconds for
+   * it. A pooler in transaction or statement mode never passes it on: the layer then fails with
+   * `BackendError` (operation `"listen"`) saying so and naming the settings above. MySQL and SQLite
+   * always poll; `listenUrl` there is refused with `InvalidLockOptions`.
+   */
+  readonly wakeUp?: "listen" | "poll" | WakeUpListenUrl | undefined
   /** How often rows that no longer matter are deleted. Default 1 minute. */
   readonly sweepInterval?: Duration.DurationInput | undefined
+}
+
+/**
+ * `wakeUp`'s direct `LISTEN` connection: a `postgres://` or `postgresql://` URL, a secret.
+ *
+ * @example
+ * ```ts
+ * import { Redacted } from "effect"
+ * import type { SqlBackend } from "@lockstep/sql"
+ *
+ * // the pool goes through PgBouncer (transaction mode), LISTEN straight to PostgreSQL
+ * const options: SqlBackend.Options = {
+ *   wakeUp: { listenUrl: Redacted.make("postgres://app@db.internal:5432/app") }
+ * }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface WakeUpListenUrl {
+  readonly listenUrl: Redacted.Redacted
 }
 
 /** SQLite's "database is locked" (SQLITE_BUSY): another connection holds the lock for now. */

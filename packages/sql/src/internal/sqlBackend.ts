@@ -1,4 +1,4 @@
-import { Cause, Deferred, Duration, Effect, Either, Exit, Fiber, FiberId, Schedule, Scope, Stream } from "effect"
+import { Cause, Context, Deferred, Duration, Effect, Either, Exit, Fiber, FiberId, Layer, Redacted, Schedule, Scope, Stream } from "effect"
 import { constVoid } from "effect/Function"
 import * as LockBackend from "@lockstep/core/LockBackend"
 import { BackendError, backendClosed, InvalidLockOptions } from "@lockstep/core/LockError"
@@ -8,7 +8,7 @@ import type { Connection } from "@effect/sql/SqlConnection"
 import * as Dialect from "./dialect.js"
 import { decode, type Document, emptyDocument, encode, expiresAt } from "./document.js"
 import type { Options } from "../SqlBackend.js"
-import { describe, ofClient } from "./endpoint.js"
+import { describe, fromUrl, masked, ofClient } from "./endpoint.js"
 
 /** The public options, imported (not copied) so that a new one cannot be silently ignored here. */
 type Settings = Options
@@ -81,6 +81,18 @@ export const make = (
     const pollInterval = Duration.decode(settings?.pollInterval ?? (name === "sqlite" ? Duration.millis(10) : Duration.millis(25)))
     const sweepInterval = Duration.decode(settings?.sweepInterval ?? Duration.minutes(1))
     const commandTimeoutMs = Duration.toMillis(commandTimeout)
+    const wakeUp = settings?.wakeUp ?? "listen"
+    if (typeof wakeUp === "object" && !/^postgres(ql)?:\/\//i.test(Redacted.value(wakeUp.listenUrl))) {
+      return yield* new InvalidLockOptions({ field: "wakeUp", reason: "listenUrl must be a postgres:// or postgresql:// URL" })
+    }
+    if (typeof wakeUp === "object" && name !== "pg") {
+      return yield* new InvalidLockOptions({
+        field: "wakeUp",
+        reason: "listenUrl is for PostgreSQL: MySQL and SQLite have no LISTEN, and their waiters poll"
+      })
+    }
+    /** PostgreSQL with LISTEN: releases notify; elsewhere waiters read their rows' versions. */
+    const notifies = name === "pg" && wakeUp !== "poll"
 
     // set when the backend's scope closes: from then on every call says so, whatever the client
     // (borrowed, it may well still be open) would have answered
@@ -174,8 +186,7 @@ export const make = (
       }
     }
 
-    const isWatched = (key: string): boolean =>
-      dialect.name !== "pg" && (waiters.has(lockPayload(key)) || waiters.has(latchPayload(key)))
+    const isWatched = (key: string): boolean => !notifies && (waiters.has(lockPayload(key)) || waiters.has(latchPayload(key)))
 
     /** The keys someone here waits on. */
     const watched = (): Array<string> => {
@@ -184,7 +195,7 @@ export const make = (
       return [...names]
     }
 
-    // Without LISTEN/NOTIFY, other processes' changes are found by reading the versions of the
+    // Without LISTEN/NOTIFY (MySQL, SQLite, PostgreSQL with wakeUp: "poll"), other processes' changes are found by reading the versions of the
     // rows somebody here waits on: one query per interval for all of them, only while some wait.
     const poll: Effect.Effect<void> = Effect.gen(function*() {
       while (true) {
@@ -213,7 +224,7 @@ export const make = (
     })
     const scope = yield* Effect.scope
     const startPolling = (): Effect.Effect<void> =>
-      polling || dialect.name === "pg" ? Effect.void : Effect.suspend(() => {
+      polling || notifies ? Effect.void : Effect.suspend(() => {
         polling = true
         // interruptible: forked from a subscription's acquisition, it would inherit its
         // uninterruptible region, and the closing scope would wait for every waiter to leave
@@ -367,9 +378,10 @@ export const make = (
           }
           const after = remembered === undefined ? undefined : decision.state.keys.get(remembered.key)?.ended ?? new Map<string, number>()
           const remember = after === undefined ? [] : [...after].filter(([id, until]) => ended.get(id) !== until)
-          const wakeUp = wake.map((payload) => `${clientId}|${payload}`)
+          // nobody listens where the backends poll: no NOTIFY
+          const notices = notifies ? wake.map((payload) => `${clientId}|${payload}`) : []
           const endedWrite = remembered === undefined || remember.length === 0 ? undefined : { name: remembered.key, ended: remember }
-          for (const statement of dialect.write(writes, wakeUp, endedWrite)) yield* execute(connection, statement)
+          for (const statement of dialect.write(writes, notices, endedWrite)) yield* execute(connection, statement)
           versions = names.map((key) => [key, writes.find((w) => w.name === key)?.version ?? loaded.get(key)?.version ?? 0])
           return decision.result
         })).pipe(
@@ -473,7 +485,10 @@ export const make = (
     const sweep = inTransaction("sweep", (connection) => Effect.forEach(dialect.sweep, (statement) => execute(connection, statement)))
     yield* Effect.forkScoped(Effect.ignore(sweep).pipe(Effect.repeat(Schedule.spaced(sweepInterval)), Effect.interruptible))
 
-    if (dialect.name === "pg") yield* listen(sql, table, clientId, signal, failure("listen"))
+    if (notifies) {
+      const listener = typeof wakeUp === "object" ? yield* listenClient(wakeUp.listenUrl, endpoint) : undefined
+      yield* listen(sql, listener, table, clientId, signal, failure("listen"))
+    }
 
     // added last, so run first when the scope closes: every waiter wakes to find the backend
     // closed, rather than waiting for a wake-up that nothing is left to send
@@ -618,25 +633,73 @@ interface Listening {
 const canListen = (sql: SqlClient): sql is SqlClient & Listening =>
   "listen" in sql && typeof (sql as { readonly listen?: unknown }).listen === "function"
 
+/** How long the layer waits for its own notification to come back before it calls LISTEN deaf. */
+const listenCheck = Duration.seconds(5)
+
+/**
+ * Why no notification came back: the LISTEN connection failed, or (where it works) a pooler that
+ * does not pass notifications on, or a `listenUrl` that does not reach the client's database.
+ */
+const unheard = (direct: string | undefined, lastError: unknown, within: Duration.Duration): string => {
+  const wait = Duration.format(within)
+  if (lastError !== undefined) return `the LISTEN connection${direct === undefined ? "" : ` to ${direct}`} failed: ${describe(lastError)}`
+  return direct === undefined
+    ? `no notification came back to LISTEN within ${wait}: a connection pooler in transaction or statement mode ` +
+      "(PgBouncer pool_mode = transaction) does not pass notifications on. Set the SQL backend's wakeUp option to " +
+      "{ listenUrl } (a direct PostgreSQL URL for LISTEN) or to \"poll\", or use pool_mode = session"
+    : `no notification came back to LISTEN on ${direct} (wakeUp.listenUrl) within ${wait}: it must reach the client's ` +
+      "database, directly or through PgBouncer in pool_mode = session"
+}
+
+/**
+ * The client of `wakeUp.listenUrl`: `@effect/sql-pg` on one connection, used only for LISTEN (its
+ * start-up query's connection closes after a second idle). Errors name the URL's endpoint, never
+ * its password.
+ */
+const listenClient = (url: Redacted.Redacted, endpoint: string): Effect.Effect<SqlClient & Listening, BackendError, Scope.Scope> =>
+  Effect.gen(function*() {
+    const { endpoint: direct, password } = fromUrl("pg", Redacted.value(url))
+    const fail = (cause: unknown, detail = describe(cause)) =>
+      new BackendError({
+        operation: "listen",
+        cause,
+        endpoint,
+        detail: masked(`cannot open the LISTEN connection (wakeUp.listenUrl) to ${direct}: ${detail}`, password)
+      })
+    const { PgClient } = yield* Effect.tryPromise({
+      try: () => import("@effect/sql-pg"),
+      catch: (cause) => fail(cause, "cannot load @effect/sql-pg: install it beside @lockstep/sql")
+    })
+    const context = yield* Layer.build(
+      PgClient.layer({ url, maxConnections: 1, idleTimeout: Duration.seconds(1), applicationName: "lockstep listen" })
+    ).pipe(Effect.mapError((error) => fail(error)))
+    return Context.get(context, PgClient.PgClient)
+  })
+
 /**
  * Wakes this backend's waiters on every other backend's notifications (its own woke them at
- * commit). Ready only once a notification of its own has come back: a waiter subscribing after
- * that never misses a release.
+ * commit), heard on `listener` (`wakeUp.listenUrl`) or on the client's own LISTEN connection.
+ * Ready only once a notification of its own, sent through the client's pool, has come back: a
+ * waiter subscribing after that never misses a release; where none comes back in time, fails
+ * saying why.
  */
 const listen = (
   sql: SqlClient,
+  listener: (SqlClient & Listening) | undefined,
   table: Dialect.Table,
   clientId: string,
   signal: (payload: string) => void,
   failure: (cause: unknown) => BackendError
 ): Effect.Effect<void, BackendError, Scope.Scope> =>
   Effect.gen(function*() {
-    if (!canListen(sql)) return yield* failure("the PostgreSQL client has no LISTEN (use @effect/sql-pg)")
+    const on = listener ?? sql
+    if (!canListen(on)) return yield* failure("the PostgreSQL client has no LISTEN (use @effect/sql-pg)")
     const channel = Dialect.channelOf(table)
     const ready = yield* Deferred.make<void>()
     const own = `${clientId}|`
+    let lastError: unknown = undefined
     yield* Effect.forkScoped(
-      Stream.runForEach(sql.listen(channel), (message) =>
+      Stream.runForEach(on.listen(channel), (message) =>
         Effect.sync(() => {
           if (message === `${own}ready`) {
             Deferred.unsafeDone(ready, Exit.void)
@@ -644,15 +707,17 @@ const listen = (
           }
           if (!message.startsWith(own)) signal(message.slice(message.indexOf("|") + 1))
         })).pipe(
+          Effect.tapError((error) => Effect.sync(() => void (lastError = error))),
           Effect.retry(Schedule.spaced(Duration.seconds(1))),
           Effect.interruptible
         )
     )
     const ping = Effect.scoped(Effect.flatMap(sql.reserve, (connection) =>
       connection.execute("SELECT pg_notify($1, $2)", [channel, `${own}ready`], undefined)))
-    yield* ping.pipe(
-      Effect.zipRight(Deferred.await(ready).pipe(Effect.timeout(Duration.millis(200)))),
-      Effect.retry({ times: 25 }),
-      Effect.mapError(failure)
+    const direct = listener === undefined ? undefined : ofClient(listener, "pg")
+    // sent again every 250 ms: a LISTEN still being set up misses the first
+    yield* Effect.raceFirst(Deferred.await(ready), Effect.repeat(ping, Schedule.spaced(Duration.millis(250)))).pipe(
+      Effect.mapError(failure),
+      Effect.timeoutFail({ duration: listenCheck, onTimeout: () => failure(new Error(unheard(direct, lastError, listenCheck))) })
     )
   })
