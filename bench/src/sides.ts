@@ -157,7 +157,7 @@ const floorLockstepBackend: Side = {
   open: (url, key) =>
     Effect.gen(function*() {
       const client = yield* connect(url)
-      const context = yield* Layer.build(RedisBackend.layer({ client }))
+      const context = yield* Effect.orDie(Layer.build(RedisBackend.layer({ client })))
       const backend = Context.get(context, LockBackend.LockBackend)
       let next = 0
       return {
@@ -191,7 +191,7 @@ const lockstep = (id: SideId, name: string, make: typeof Lock.make): Side => ({
   open: (url, key) =>
     Effect.gen(function*() {
       const client = yield* connect(url)
-      const context = yield* Layer.build(RedisBackend.layer({ client }))
+      const context = yield* Effect.orDie(Layer.build(RedisBackend.layer({ client })))
       const lock = yield* Effect.orDie(Effect.provide(make(key), context))
       return { withLock: <A, E>(body: Effect.Effect<A, E>) => Lock.withLock(body, lock) }
     })

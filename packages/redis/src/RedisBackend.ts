@@ -31,6 +31,7 @@
  */
 import type { Duration, Scope } from "effect"
 import { Config, Effect, Layer } from "effect"
+import type { Metric } from "effect"
 import type { ConfigError } from "effect/ConfigError"
 import type { Cluster, ClusterNode, ClusterOptions, Redis, RedisOptions } from "ioredis"
 import { LockBackend } from "@lockstep/core/LockBackend"
@@ -38,6 +39,7 @@ import type { Service } from "@lockstep/core/LockBackend"
 import type { BackendError } from "@lockstep/core/LockError"
 import * as clients from "./internal/clients.js"
 import { type ClientTracker, track } from "./internal/tracker.js"
+import * as eviction from "./internal/eviction.js"
 import * as internal from "./internal/redisBackend.js"
 import * as replication from "./internal/replication.js"
 
@@ -96,6 +98,20 @@ export interface Tuning {
    * `replicas` replicas before the call that made them succeeds. See `Replication`.
    */
   readonly replication?: Replication | undefined
+  /**
+   * Run on a server that may evict lock keys (default false). A Redis with `maxmemory` and any
+   * `maxmemory-policy` but `noeviction` (the default of several hosted services) may evict a
+   * lock's key, since every key a lock writes has a TTL: the lock is then granted to a second
+   * holder while the first still holds it, and the first learns of it only at its next renewal
+   * (`LockLost`). So building the backend fails with a `BackendError` (its `cause` an
+   * `EvictionRisk` naming the server and its policy) on such a server, every master of a Redis
+   * Cluster included, and a policy changed at run time (read again after every reconnection
+   * and, at most once a second, as acquisitions and renewals come by) makes new grants fail the
+   * same way. With `true` the backend runs anyway: it logs the risk once, and every key the
+   * servers evict while it runs is logged (a warning) and counted in the
+   * `lockstep_redis_evicted_keys_total` metric (`RedisBackend.evictedKeys`).
+   */
+  readonly acceptEviction?: boolean | undefined
 }
 
 /**
@@ -243,6 +259,56 @@ export const isReplicationNotAcknowledged = (
   "cause" in error && error.cause instanceof replication.ReplicationNotAcknowledged
 
 /**
+ * The server may evict lock keys: it has a `maxmemory` and a `maxmemory-policy` other than
+ * `noeviction`, and the backend was not built with `acceptEviction`. It is the `cause` of the
+ * `BackendError` that building the backend fails with (operation `"connect"`), or, when the
+ * policy was changed while the backend ran, that acquisitions fail with. Its message names the
+ * server, the policy and the ways out.
+ *
+ * @example
+ * ```ts
+ * import { Effect, Layer } from "effect"
+ * import { RedisBackend } from "@lockstep/redis"
+ *
+ * const checked = Layer.build(RedisBackend.layerFrom("redis://127.0.0.1:6379")).pipe(
+ *   Effect.catchTag("BackendError", (error) =>
+ *     error.cause instanceof RedisBackend.EvictionRisk
+ *       ? Effect.logError(`${error.cause.server} evicts keys (${error.cause.policy})`)
+ *       : Effect.fail(error)),
+ *   Effect.scoped
+ * )
+ * ```
+ *
+ * @since 0.1.0
+ * @category errors
+ */
+export const EvictionRisk: typeof eviction.EvictionRisk = eviction.EvictionRisk
+
+/**
+ * @since 0.1.0
+ * @category errors
+ */
+export type EvictionRisk = eviction.EvictionRisk
+
+/**
+ * Keys the Redis servers evicted while a backend built with `acceptEviction` ran on them, by
+ * `server` (`host:port`): the counter `lockstep_redis_evicted_keys_total`. Each evicted key may
+ * have been a lock's, granted again while its holder still held it.
+ *
+ * @example
+ * ```ts
+ * import { Effect, Metric } from "effect"
+ * import { RedisBackend } from "@lockstep/redis"
+ *
+ * const evictions = Effect.map(Metric.value(RedisBackend.evictedKeys), (state) => state.count)
+ * ```
+ *
+ * @since 0.1.0
+ * @category metrics
+ */
+export const evictedKeys: Metric.Metric.Counter<number> = eviction.evictedKeys
+
+/**
  * Options of `layer`: an existing client, which the backend borrows and never closes.
  *
  * @example
@@ -306,10 +372,13 @@ export type Connection =
 /**
  * The backend on an existing client (borrowed: closing the scope does not close it). A duplicate
  * connection, opened when a first waiter subscribes, carries the waiters' subscriptions and is
- * closed with the scope. Nothing is sent to the server here: an unreachable server shows in the
- * first calls (as `BackendError`).
+ * closed with the scope. One `INFO` is sent here, to read the server's eviction policy (every
+ * master's, on a cluster): a server that may evict lock keys fails it with `BackendError` unless
+ * `acceptEviction` is set (see `Tuning.acceptEviction`). A server that cannot be reached does not
+ * fail it: it shows in the first calls (as `BackendError`), and grants wait for the eviction
+ * policy to be read once the server answers.
  *
- * Only `replication` can fail it: a bad option, or `aof` on a server without `WAITAOF` (checked
+ * `replication` can fail it too: a bad option, or `aof` on a server without `WAITAOF` (checked
  * with one `COMMAND INFO`), fails it with `BackendError` (see `Replication`). With
  * `replication`, a second duplicate connection, opened on the first grant, carries the scripts
  * whose writes the replicas acknowledge.
@@ -329,24 +398,19 @@ export type Connection =
  * @since 0.1.0
  * @category constructors
  */
-export const make: {
-  (options: Options & { readonly replication?: undefined }): Effect.Effect<Service, never, Scope.Scope>
-  (options: Options): Effect.Effect<Service, BackendError, Scope.Scope>
-} = (options: Options): Effect.Effect<Service, never, Scope.Scope> => {
-  const built = Effect.flatMap(track(options.client, options), (tracker) => build(options.client, options, tracker))
-  // only `replication` can fail the build (see `Replication`): the overloads say when
-  return built as Effect.Effect<Service, never, Scope.Scope>
-}
+export const make = (options: Options): Effect.Effect<Service, BackendError, Scope.Scope> =>
+  Effect.flatMap(track(options.client, options), (tracker) => build(options.client, options, tracker, false))
 
 /** The backend on `client`, which `tracker` follows; outages are logged while the scope is open. */
 const build = (
   client: Client,
   tuning: Tuning | undefined,
-  tracker: ClientTracker
+  tracker: ClientTracker,
+  reachable: boolean
 ): Effect.Effect<Service, BackendError, Scope.Scope> =>
   Effect.zipRight(
     Effect.forkScoped(tracker.report),
-    Effect.map(internal.make(client, tuning, tracker), tracker.locateAll)
+    Effect.map(internal.make(client, tuning, tracker, reachable), tracker.locateAll)
   )
 
 /**
@@ -368,12 +432,7 @@ const build = (
  * @since 0.1.0
  * @category layers
  */
-export const layer: {
-  (options: Options & { readonly replication?: undefined }): Layer.Layer<LockBackend>
-  (options: Options): Layer.Layer<LockBackend, BackendError>
-} = (options: Options): Layer.Layer<LockBackend> =>
-  // only `replication` can fail the build (see `Replication`): the overloads say when
-  Layer.scoped(LockBackend, make(options) as Effect.Effect<Service, never, Scope.Scope>)
+export const layer = (options: Options): Layer.Layer<LockBackend, BackendError> => Layer.scoped(LockBackend, make(options))
 
 /**
  * Provides `LockBackend` on connections the layer opens and closes itself.
@@ -420,7 +479,7 @@ export const layerFrom = (connection: Connection, tuning?: Tuning): Layer.Layer<
       const client = yield* clients.open(connection)
       const tracker = yield* track(client, tuning)
       yield* tracker.ping
-      return yield* build(client, tuning, tracker)
+      return yield* build(client, tuning, tracker, true)
     })
   )
 

@@ -6,6 +6,7 @@ import { BackendError, InvalidLockOptions } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
 import { keepOpen, subscriberFor, whenNotHandshaking } from "./clients.js"
 import type { ClientTracker } from "./tracker.js"
+import * as eviction from "./eviction.js"
 import * as replication from "./replication.js"
 import type { Script } from "./scripts/descriptor.js"
 import * as latch from "./scripts/latch.js"
@@ -75,6 +76,19 @@ export const permissionError = (s: Script, error: unknown): unknown => {
 }
 
 /**
+ * `error` as the reply to a script: a full server's refusal (`OOM ...`, maxmemory reached with
+ * `noeviction`) says what it means for locks; any other error is `permissionError`'s.
+ */
+const refusal = (s: Script, error: unknown): unknown =>
+  error instanceof Error && error.message.startsWith("OOM ")
+    ? new Error(
+      "the server is out of memory (used memory above its maxmemory, with maxmemory-policy noeviction): " +
+        `it refuses new grants until memory is freed, and still renews and releases held locks (${error.message})`,
+      { cause: error }
+    )
+    : permissionError(s, error)
+
+/**
  * Builds the backend on `client` (borrowed: never closed here), which `tracker` follows. A
  * duplicate connection carries the subscriptions of all waiters; with `replication`, another one
  * carries the scripts whose writes the replicas acknowledge (replication.ts). Both are closed with
@@ -83,7 +97,8 @@ export const permissionError = (s: Script, error: unknown): unknown => {
 export const make = (
   client: Client,
   tuning: Tuning | undefined,
-  tracker: ClientTracker
+  tracker: ClientTracker,
+  reachable: boolean
 ): Effect.Effect<LockBackend.Service, BackendError, Scope.Scope> =>
   Effect.gen(function*() {
     const clientId = crypto.randomUUID()
@@ -110,11 +125,9 @@ export const make = (
         isCluster ? slotOf(keys[0]!) : undefined,
         (error) => {
           if (isNoScript(error)) {
-            return scripting.eval(s.lua, keys.length, keys, args).catch((cause: unknown) =>
-              Promise.reject(permissionError(s, cause))
-            )
+            return scripting.eval(s.lua, keys.length, keys, args).catch((cause: unknown) => Promise.reject(refusal(s, cause)))
           }
-          const refused = permissionError(s, error)
+          const refused = refusal(s, error)
           return refused === error ? undefined : Promise.reject(refused)
         }
       )
@@ -137,6 +150,8 @@ export const make = (
         ))
       }
     }
+    // a server that may evict lock keys is refused unless the user accepted it (eviction.ts)
+    const evictionGuard = yield* eviction.make(client, tracker, { accept: tuning?.acceptEviction === true, reachable })
     const acknowledged = replicated === undefined
       ? undefined
       : yield* replication.make(client, replicated, (c) => tracker.watch(c, "acknowledged"))
@@ -243,7 +258,7 @@ export const make = (
      */
     const acquireFailed = (cause: Error) => tracker.fail("acquire", cause)
 
-    const acquire = (request: LockBackend.AcquireRequest) =>
+    const attempt = (request: LockBackend.AcquireRequest) =>
       Effect.suspend(() => {
         const keys = lock.acquire.keys(request.key, request.holder, longestLease)
         const channel = keys[2]!
@@ -279,6 +294,14 @@ export const make = (
           ),
           (reply) => lock.acquire.decode(reply, request, acquireFailed)
         )
+      })
+
+    // no grant from a server that may evict lock keys (unless accepted); nothing to wait for on
+    // the usual path, where the eviction verdict is known
+    const acquire = (request: LockBackend.AcquireRequest) =>
+      Effect.suspend(() => {
+        const first = evictionGuard.beforeAcquire()
+        return first === undefined ? attempt(request) : Effect.zipRight(first, attempt(request))
       })
 
     const release = (request: LockBackend.ReleaseRequest) =>
@@ -332,7 +355,12 @@ export const make = (
     const renew = (requests: ReadonlyArray<LockBackend.RenewRequest>) =>
       requests.length === 0
         ? whileOpen("renew", Effect.succeed([]))
-        : Effect.catchAllDefect(renewBatch(requests), (cause) => Effect.fail(new BackendError({ operation: "renew", cause })))
+        : Effect.catchAllDefect(
+          // renewals keep the eviction verdict fresh: a policy changed at run time is noticed
+          // within one renewal period
+          Effect.zipRight(Effect.sync(evictionGuard.touch), renewBatch(requests)),
+          (cause) => Effect.fail(new BackendError({ operation: "renew", cause }))
+        )
 
     /**
      * A registered waiter gave up without a grant: its entry leaves the waiters set, and a wake-up

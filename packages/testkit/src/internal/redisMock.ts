@@ -138,13 +138,14 @@ export const client: Effect.Effect<Redis, never, Scope.Scope> = Effect.zipRight(
 /** @internal */
 export const layer: Layer.Layer<LockBackend> = Layer.scoped(
   LockBackend,
-  Effect.flatMap(client, (mock) => RedisBackend.make({ client: mock }))
+  // the mock has no maxmemory: its eviction check cannot refuse it
+  Effect.flatMap(client, (mock) => Effect.orDie(RedisBackend.make({ client: mock })))
 )
 
 /** @internal */
 export const layerDataLoss: Layer.Layer<LockBackend | DataLoss> = Layer.scopedContext(Effect.gen(function*() {
   const mock = yield* client
-  const backend = yield* RedisBackend.make({ client: mock })
+  const backend = yield* Effect.orDie(RedisBackend.make({ client: mock }))
   const wipe = Effect.asVoid(Effect.promise(() => mock.flushall()))
   return Context.make(LockBackend, backend).pipe(Context.add(DataLoss, { wipe }))
 }))

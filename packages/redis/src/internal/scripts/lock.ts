@@ -448,6 +448,11 @@ local function forget(value)
   redis.call('SET', ended, value, 'PX', fmt(lease))
 end
 
+-- the uncontended release writes first with DEL, which a full server lets through; every other
+-- path is let through this way
+local last = alone and mine and (excl and mx or ms) <= 1
+if not last then writes_when_full(key) end
+
 if not mine and alone then
   -- a copy of a last release answers 0 again, a copy of a refused one -1 again; ended either way,
   -- so a late copy of one of its acquisitions grants nothing
@@ -585,6 +590,7 @@ export const release = describe("release", releaseLua, {
 })
 
 const renewLua = `${prelude}${base}
+writes_when_full(KEYS[1])
 local now = clock()
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -710,6 +716,7 @@ export const inspect = describe("inspect", inspectLua, {
 const forceReleaseLua = `${prelude}${base}
 local key, channel, fq, fqt, applied, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local memory, endedPrefix = tonumber(ARGV[1]), ARGV[2]
+writes_when_full(key)
 -- a copy answers as the first delivery did
 local before = redis.call('GET', applied)
 if before then return tonumber(before) end
@@ -772,6 +779,7 @@ export const raiseFence = describe("raiseFence", raiseFenceLua, {
 const cancelLua = `${prelude}${base}
 local key, channel, fq, fqt, ended = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local holder, lease, fm = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+writes_when_full(key)
 local now = clock()
 prune_fair(fq, fqt, now)
 local heads = redis.call('ZRANGE', fq, 0, 1)
@@ -802,6 +810,7 @@ export const cancel = describe("cancel", cancelLua, {
 
 const leaveLua = `${prelude}${base}
 local key, channel, fq, fqt, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9]
+writes_when_full(key)
 if redis.call('ZREM', wq, ARGV[1]) == 1 then return 0 end
 if redis.call('EXISTS', sentinel) == 0 then return 0 end
 -- the place kept for it goes too

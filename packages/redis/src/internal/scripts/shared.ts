@@ -13,6 +13,14 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
+-- A server at its maxmemory with noeviction refuses a script's first write that may take more
+-- memory, but lets the rest of a script through once it has written. Scripts that keep or end
+-- holds (renew, release, cancel, leave, forced release) start with a write that changes nothing,
+-- so that a full server still renews and releases them: only new grants are refused.
+local function writes_when_full(key)
+  redis.pcall('HDEL', key, P .. 'none')
+end
+
 -- The server's clock: milliseconds, and microseconds (the floor of every new fence).
 local function clock()
   local t = redis.call('TIME')
