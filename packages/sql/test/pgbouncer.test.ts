@@ -1,8 +1,9 @@
 /**
  * The SQL backend through a real PgBouncer (Debian's 1.18) in front of the machine's PostgreSQL,
- * in transaction and in session mode: which wake-up works in each, what a mode that cannot work
- * says at build, and how soon a waiter is let in after a release (printed: the figures the README
- * quotes). The conformance suite runs through both modes in pgbouncer-*.test.ts.
+ * in transaction, session and statement mode: which wake-up works in each, what a mode that
+ * cannot work says at build, and how soon a waiter is let in after a release (printed: the figures
+ * the README quotes). The conformance suite runs through transaction and session mode in
+ * pgbouncer-*.test.ts.
  */
 import { afterAll, assert, describe, it } from "@effect/vitest"
 import { execFile } from "node:child_process"
@@ -11,7 +12,7 @@ import { Lock } from "@lockstep/core"
 import type { LockBackend } from "@lockstep/core/LockBackend"
 import { SqlBackend } from "@lockstep/sql"
 import { clientLayer, database, postgresServer } from "./databases.js"
-import { type PgBouncer, pgbouncer, pgbouncerAvailable } from "./pgbouncer.js"
+import { type PgBouncer, pgbouncer, pgbouncerAvailable, type PoolMode } from "./pgbouncer.js"
 import { freePort } from "./servers.js"
 
 const available = pgbouncerAvailable("PgBouncer suite")
@@ -22,10 +23,11 @@ const directUrl = db?.url ?? ""
 // one PgBouncer per mode for the whole file, stopped before the file's database is dropped
 const servers = Effect.runSync(Scope.make())
 afterAll(() => Effect.runPromise(Scope.close(servers, Exit.void)))
-const started = (mode: "transaction" | "session") =>
+const started = (mode: PoolMode) =>
   db === undefined ? Promise.resolve(undefined) : Effect.runPromise(Scope.extend(pgbouncer(mode), servers))
 const transaction = await started("transaction")
 const session = await started("session")
+const statement = await started("statement")
 
 /** A backend with a client (a pool) of its own on `url`. */
 const backendOn = (url: string, options?: SqlBackend.Options): Effect.Effect<Context.Context<LockBackend>, never, Scope.Scope> =>
@@ -180,6 +182,29 @@ describe.runIf(session !== undefined)("through PgBouncer in session mode", () =>
       summary("session mode, default wakeUp (LISTEN)", times)
       assertWoken(times)
     }), 120_000)
+})
+
+describe.runIf(statement !== undefined)("through PgBouncer in statement mode", () => {
+  const bouncer = statement
+  if (bouncer === undefined) return
+  const url = bouncer.urlOf(name)
+
+  it.effect("the launcher's PgBouncer pools by statement", () =>
+    Effect.map(poolModeOf(bouncer), (mode) => assert.strictEqual(mode, "statement")))
+
+  for (const options of [{}, { wakeUp: "poll" }, { wakeUp: "poll", createSchema: false }] satisfies ReadonlyArray<SqlBackend.Options>) {
+    it.scopedLive(`no transaction can run: building fails at once, saying which modes work (${JSON.stringify(options)})`, () =>
+      Effect.gen(function*() {
+        const error = yield* buildError(url, options)
+        console.log(`[statement mode ${JSON.stringify(options)}] ${error.message}`)
+        assert.strictEqual(
+          error.message,
+          `lock backend failed during connect on PostgreSQL 127.0.0.1:${bouncer.port}/${name}: transaction blocks not allowed in ` +
+            "statement pooling mode (every lock operation is a transaction: connect through PgBouncer in pool_mode = transaction, " +
+            "with the SQL backend's wakeUp option set, or in pool_mode = session)"
+        )
+      }), 30_000)
+  }
 })
 
 describe.runIf(db !== undefined)("the same hand-off straight to PostgreSQL, for comparison", () => {

@@ -31,7 +31,7 @@ export const pgbouncerAvailable = (suite: string): boolean => {
   return false
 }
 
-export type PoolMode = "transaction" | "session"
+export type PoolMode = "transaction" | "session" | "statement"
 
 export interface PgBouncer {
   readonly mode: PoolMode

@@ -463,6 +463,9 @@ export const make = (
     }
 
     // ---- schema, sweeping, notifications ----------------------------------------------------
+    // every operation is a transaction: a pooler that runs none (PgBouncer's pool_mode =
+    // statement) fails the layer here, saying what to use, rather than every lock later
+    if (name === "pg") yield* inTransaction("connect", () => Effect.void).pipe(Effect.mapError(statementPooling))
     if (settings?.createSchema !== false) {
       yield* createSchema(sql, dialect, endpoint).pipe(Effect.mapError((error) => explained(error, dialect, table, "create")))
     } else {
@@ -632,6 +635,18 @@ interface Listening {
 
 const canListen = (sql: SqlClient): sql is SqlClient & Listening =>
   "listen" in sql && typeof (sql as { readonly listen?: unknown }).listen === "function"
+
+/** PgBouncer's refusal of a transaction in `pool_mode = statement`, with what to use instead. */
+const statementPooling = (error: BackendError): BackendError =>
+  /statement pooling mode/i.test(error.detail ?? "")
+    ? new BackendError({
+      operation: error.operation,
+      cause: error.cause,
+      endpoint: error.endpoint,
+      detail: `${error.detail} (every lock operation is a transaction: connect through PgBouncer in pool_mode = transaction, ` +
+        "with the SQL backend's wakeUp option set, or in pool_mode = session)"
+    })
+    : error
 
 /** How long the layer waits for its own notification to come back before it calls LISTEN deaf. */
 const listenCheck = Duration.seconds(5)
