@@ -155,7 +155,12 @@ export interface RedisCluster {
 export interface Options {
   /**
    * Extra `redis-server` arguments, after the launcher's own (so they win). A password
-   * (`["--requirepass", "secret"]`) is fine: the readiness PING takes NOAUTH as "up".
+   * (`["--requirepass", "secret"]`) is fine: the readiness PING takes NOAUTH as "up". So are
+   * renamed or disabled commands, as managed Redis services configure them
+   * (`["--rename-command", "CONFIG", ""]`, PING included: the readiness PING takes
+   * `ERR unknown command` as "up") and a connection limit (`["--maxclients", "2"]`: the readiness
+   * PING's connection is closed, though the server may count it for a moment after the start). The launcher sends nothing
+   * but that PING (and `CLUSTER INFO` to a cluster).
    */
   readonly args?: ReadonlyArray<string>
   /** The binary; default `REDIS_SERVER_BIN`, else `redis-server` on `PATH`. */

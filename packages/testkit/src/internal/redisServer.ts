@@ -275,8 +275,9 @@ export const command = (
     typeof reply === "number" ? String(reply) : typeof reply === "string" || reply === null ? reply : JSON.stringify(reply))
 
 /**
- * One PING; succeeds on PONG, and on NOAUTH: a server started with `--requirepass` answers an
- * unauthenticated PING that way, and it is up.
+ * One PING; succeeds on PONG, on NOAUTH (a server started with `--requirepass` answers an
+ * unauthenticated PING that way) and on `ERR unknown command` (one started with
+ * `--rename-command PING ""`): either way it answered, and it is up.
  */
 export const ping = (
   port: number,
@@ -285,7 +286,10 @@ export const ping = (
 ): Effect.Effect<void, RedisServerError> =>
   Effect.flatMap(
     command(port, ["PING"], timeout, secure).pipe(
-      Effect.catchIf((error) => error.message.startsWith(`PING on ${HOST}:${port}: NOAUTH`), () => Effect.succeed("PONG"))
+      Effect.catchIf(
+        (error) => /^(NOAUTH|ERR unknown command)/.test(error.message.slice(`PING on ${HOST}:${port}: `.length)),
+        () => Effect.succeed("PONG")
+      )
     ),
     (reply) =>
       reply === "PONG"
