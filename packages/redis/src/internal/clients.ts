@@ -46,6 +46,17 @@ export type Role = "commands" | "subscriber" | "acknowledged"
  */
 const disconnectTimeout = 0
 
+/**
+ * `disableClientInfo` of the connections a backend opens itself. A server at its `maxclients`
+ * answers the first command of a new connection with `ERR max number of clients reached` and
+ * closes it. ioredis's first commands are its `CLIENT SETINFO`s, whose errors it drops: what
+ * reached the backend was the `write EPIPE` of the next one. Without them the first command is
+ * the ready check (or AUTH, or SELECT), whose error is reported, and the backend's error says
+ * that the limit was reached. They are worth nothing else to lockstep (a name in `CLIENT LIST`),
+ * and a managed Redis may refuse `CLIENT` anyway.
+ */
+const disableClientInfo = true
+
 const URL_SHAPE =
   "expected redis://[[username]:password@]host[:port][/db], rediss://..., redis+sentinel://... or a socket path"
 
@@ -287,6 +298,7 @@ class ClusterReportingRefusals extends Cluster {}
 const sentinelDefaults: RedisOptions = {
   maxRetriesPerRequest: 2,
   disconnectTimeout,
+  disableClientInfo,
   failoverDetector: true,
   Connector: SentinelConnectorClosingAtOnce
 }
@@ -366,16 +378,16 @@ export const open = (given: Connection): Effect.Effect<Client, BackendError, Sco
           const client: Client = sentinelUrl !== undefined && Either.isRight(sentinelUrl)
             ? new Redis({ ...sentinelDefaults, ...sentinelUrl.right, ...extra })
             : typeof connection === "string"
-            ? new Redis(connection, { maxRetriesPerRequest: 2, disconnectTimeout, ...extra })
+            ? new Redis(connection, { maxRetriesPerRequest: 2, disconnectTimeout, disableClientInfo, ...extra })
             : "cluster" in connection
             ? new ClusterReportingRefusals([...connection.cluster], {
               ...connection.options,
-              redisOptions: { disconnectTimeout, ...connection.options?.redisOptions }
+              redisOptions: { disconnectTimeout, disableClientInfo, ...connection.options?.redisOptions }
             })
             : viaSentinels(connection)
             // a copy of the list: ioredis adds the sentinels it discovers to the one it is given
             ? new Redis({ ...sentinelDefaults, ...connection, sentinels: connection.sentinels!.map((s) => ({ ...s })) })
-            : new Redis({ maxRetriesPerRequest: 2, disconnectTimeout, ...connection })
+            : new Redis({ maxRetriesPerRequest: 2, disconnectTimeout, disableClientInfo, ...connection })
           // a connection of our own that nobody else sees: it never prints "Unhandled error event",
           // even after the backend's tracker stops listening
           client.on("error", () => undefined)
@@ -434,13 +446,14 @@ export const duplicateOf = (client: Client, overrides: RedisOptions = {}): Clien
   if (isCluster(client)) {
     return client.duplicate([], {
       lazyConnect: true,
-      redisOptions: { ...client.options.redisOptions, disconnectTimeout, ...overrides }
+      redisOptions: { ...client.options.redisOptions, disconnectTimeout, disableClientInfo, ...overrides }
     })
   }
   const options: RedisOptions = client.options ?? {}
   return client.duplicate({
     lazyConnect: true,
     disconnectTimeout,
+    disableClientInfo,
     ...(viaSentinels(options) && options.Connector === undefined ? { Connector: SentinelConnectorClosingAtOnce } : {}),
     ...overrides
   })

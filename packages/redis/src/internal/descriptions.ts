@@ -216,12 +216,81 @@ export const hideCredentials = (error: unknown, seen: Set<unknown> = new Set()):
   if ("errors" in error && Array.isArray(error.errors)) for (const inner of error.errors) hideCredentials(inner, seen)
 }
 
+// ---------------------------------------------------------------------------------------------
+// refused commands and connections (managed Redis)
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * What lockstep needs each command for that a managed Redis may rename or disable, as the errors
+ * that name a refused one say it. Every other command is either never sent (CONFIG, DEBUG,
+ * SCRIPT, FUNCTION, KEYS, PING, ...) or sent by ioredis with its refusal ignored (CLIENT SETNAME,
+ * CLIENT SETINFO).
+ */
+export const NEEDED_COMMANDS: ReadonlyMap<string, string> = new Map([
+  ["EVALSHA", "to run its scripts"],
+  ["EVAL", "to load its scripts (after a restart, or on a new server)"],
+  ["SUBSCRIBE", "to wake waiters when a lock is released"],
+  ["UNSUBSCRIBE", "to end the subscriptions of waiters"],
+  ["INFO", "for the connection's ready check (ioredis), the eviction check and the failover quarantine"],
+  ["SELECT", "to use the database the connection names"],
+  ["WAIT", "for replica acknowledgement (replication)"],
+  ["WAITAOF", "for replica acknowledgement (replication.aof)"],
+  ["COMMAND", "to check that the server has WAITAOF (replication.aof)"],
+  ["AUTH", "to log in with the connection's credentials"],
+  ["HELLO", "to log in with the connection's credentials"],
+  ["CLUSTER", "to find the slots of a Redis Cluster"]
+])
+
+/**
+ * Redis's reply to a command it does not know, which is what a renamed or disabled
+ * (`rename-command X ""`) one is: `ERR unknown command 'x', with args beginning with: ...`
+ * (Redis 7; 6 quotes with backticks, older ones say no more), also as ioredis reports the ready
+ * check that got it.
+ */
+const UNKNOWN_COMMAND = /^(?:Ready check failed: )?ERR unknown command [`']([^`']*)[`']/
+
+/** The command (upper case) that `error` says the server does not know, if it says so. */
+export const refusedCommand = (error: unknown): string | undefined => {
+  const name = error instanceof Error ? UNKNOWN_COMMAND.exec(firstLine(error.message))?.[1] : undefined
+  return name === undefined || name === "" ? undefined : name.toUpperCase()
+}
+
+/**
+ * One line for commands the server refuses: `the server refuses EVALSHA (renamed or disabled),
+ * which lockstep needs to run its scripts`.
+ */
+export const describeRefusal = (commands: ReadonlyArray<string>): string => {
+  const needs = [...new Set(commands.flatMap((command) => NEEDED_COMMANDS.get(command) ?? []))]
+  return `the server refuses ${commands.join(", ")} (renamed or disabled)${
+    needs.length === 0 ? "" : `, which lockstep needs ${needs.join(", and ")}`
+  }`
+}
+
+/**
+ * Redis's reply to a connection beyond its `maxclients`, sent before it closes the connection.
+ * ioredis sees it only as the reply to the first command of the connection.
+ */
+const MAX_CLIENTS = /ERR max number of clients reached/
+
+/** Whether `error` is (or, as ioredis reports a failed ready check, contains) Redis's `maxclients` refusal. */
+export const isClientLimit = (error: unknown): boolean => error instanceof Error && MAX_CLIENTS.test(firstLine(error.message))
+
+/** The line for a connection refused at the server's `maxclients`. */
+const CLIENT_LIMIT =
+  "the server refused the connection: it has reached its client limit (maxclients; ERR max number of clients reached). " +
+  "A backend opens one connection, one more for waiters once one waits, and one more with replication"
+
 /**
  * One line about `error`: its message (first line), or what Node says inside an AggregateError
  * (a connection to a name with several addresses), with the last node error of a cluster failure.
+ * A command the server refuses (renamed or disabled) is named with what lockstep needs it for,
+ * and a connection refused at the server's client limit says so.
  */
 export const describeError = (error: unknown): string => {
   if (!(error instanceof Error)) return firstLine(String(error))
+  const refused = refusedCommand(error)
+  if (refused !== undefined) return describeRefusal([refused])
+  if (isClientLimit(error)) return CLIENT_LIMIT
   // ioredis's MaxRetriesPerRequestError ends with a pointer to its docs, and its sentinel round
   // says when it starts the next one: neither is news in a log line
   const own = firstLine(error.message)

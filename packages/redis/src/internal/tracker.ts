@@ -12,6 +12,7 @@ import { BackendError, backendClosed } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
 import type { Role } from "./clients.js"
 import { commandTimeout, refusedSentinelCertificate } from "./clients.js"
+import { probeCommands } from "./commands.js"
 import { makeDeadlines } from "./deadlines.js"
 import {
   describeEndpoint,
@@ -81,8 +82,11 @@ export interface ClientTracker {
    */
   readonly locateAll: (service: Service) => Service
   /**
-   * One PING within the command timeout (or until ioredis gives up): BackendError "connect" if it
-   * fails, at once if the connection refuses the server's certificate.
+   * The layer's check of its own connection: one round trip within the command timeout (or until
+   * ioredis gives up) that asks for the commands the backend needs (see commands.ts), rather
+   * than a PING, which a managed Redis may disable and which nothing else needs. BackendError
+   * "connect" if it fails or the server refuses one of them, at once if the connection refuses
+   * the server's certificate.
    */
   readonly ping: Effect.Effect<void, BackendError>
   /**
@@ -312,7 +316,7 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
       })
     })
 
-    return {
+    const tracker: ClientTracker = {
       endpoint,
       watch,
       call,
@@ -333,8 +337,12 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
         cancel: (request) => Effect.mapError(service.cancel(request), locate),
         subscribe: (key, holder, mode) => Effect.mapError(service.subscribe(key, holder, mode), locate)
       }),
-      ping: Effect.raceFirst(Effect.asVoid(call("connect", () => client.ping())), certificateRefused),
+      ping: Effect.raceFirst(
+        Effect.suspend(() => probeCommands(client, tracker, { replication: tuning?.replication !== undefined, reachable: true })),
+        certificateRefused
+      ),
       report
-    } satisfies ClientTracker
+    }
+    return tracker
   })
 
