@@ -83,21 +83,32 @@ export interface Tuning {
   /** Most renewals sent in one script. Default 1000. */
   readonly renewBatchSize?: number | undefined
   /**
-   * The failover quarantine (off by default): after the server was promoted from a replica, or
-   * restarted (its data may be gone), it makes no new grant until every lease an earlier
-   * incarnation may have granted has run out, i.e. for `longestLease` (default 30 seconds, the
-   * default watchdog) from the promotion as the server first sees it, or from the restart.
-   * `longestLease` must cover the longest lease or watchdog of every client of the server: an
-   * acquisition asking for a longer one fails with `InvalidLockOptions`. Re-entries and renewals
-   * of holds the server has are not held back. Single servers and Sentinel-managed masters; a
-   * Redis Cluster refuses it (`InvalidLockOptions`). See the README's "Replicas and failover".
+   * The failover quarantine: after the server was promoted from a replica, or restarted (its data
+   * may be gone), it makes no new grant until every lease an earlier incarnation may have granted
+   * has run out, i.e. for `longestLease` (default 30 seconds, the default watchdog) from the
+   * promotion as the server first sees it, or from the restart. `longestLease` must cover the
+   * longest lease or watchdog of every client of the server: an acquisition asking for a longer
+   * one fails with `InvalidLockOptions`. Re-entries and renewals of holds the server has are not
+   * held back. Single servers and Sentinel-managed masters; a Redis Cluster refuses it
+   * (`InvalidLockOptions`).
+   *
+   * On by default (with `longestLease` 30 seconds) through sentinels, whose failovers are the
+   * case it is for; off by default elsewhere. `false` turns it off. See the README's "Replicas
+   * and failover".
    */
-  readonly quarantine?: { readonly longestLease?: Duration.DurationInput | undefined } | undefined
+  readonly quarantine?: { readonly longestLease?: Duration.DurationInput | undefined } | false | undefined
   /**
-   * Replica acknowledgement (off by default): the writes a holder relies on must reach
-   * `replicas` replicas before the call that made them succeeds. See `Replication`.
+   * Replica acknowledgement: the writes a holder relies on must reach `replicas` replicas before
+   * the call that made them succeeds. See `Replication`.
+   *
+   * By default, on a replicated master (one reached through sentinels, or a single server that
+   * had replicas when the backend was built; not a Redis Cluster), every replica the master has:
+   * as many as its `INFO` last showed connected (read at build, after each reconnection or
+   * failover, and at most a second old while locks are taken or renewed), within 250 ms. A
+   * replica cut off from the master counts until the master drops it (`repl-timeout`), and grants
+   * fail meanwhile (`ReplicationNotAcknowledged`). `false` turns it off; a `Replication` sets it.
    */
-  readonly replication?: Replication | undefined
+  readonly replication?: Replication | false | undefined
   /**
    * Run on a server that may evict lock keys (default false). A Redis with `maxmemory` and any
    * `maxmemory-policy` but `noeviction` (the default of several hosted services) may evict a

@@ -49,6 +49,8 @@ export interface Reading {
   readonly maxmemory: number
   readonly policy: string
   readonly evictedKeys: number
+  /** The replicas connected to it (`connected_slaves`; 0 on a replica). */
+  readonly replicas: number
 }
 
 /** A field of an `INFO` reply (`name:value` lines), or undefined. */
@@ -65,7 +67,8 @@ export const readingOf = (server: string, info: string): Reading => ({
   server,
   maxmemory: Number(infoField(info, "maxmemory") ?? "0") || 0,
   policy: infoField(info, "maxmemory_policy") ?? "noeviction",
-  evictedKeys: Number(infoField(info, "evicted_keys") ?? "0") || 0
+  evictedKeys: Number(infoField(info, "evicted_keys") ?? "0") || 0,
+  replicas: infoField(info, "role") === "master" ? Number(infoField(info, "connected_slaves") ?? "0") || 0 : 0
 })
 
 /** Whether a server that reads so may evict a lock's key. */
@@ -88,6 +91,11 @@ export interface EvictionGuard {
    * first: a refused server's error, or the reading a grant must wait for.
    */
   readonly beforeAcquire: () => Effect.Effect<void, BackendError> | undefined
+  /**
+   * The replicas connected to the server (on a single server or through sentinels) as last read:
+   * at build, after a reconnection and with the renewals and acquisitions that read it again.
+   */
+  readonly replicas: () => number
   /**
    * A renewal went out: the servers are read again (unless a reading is in flight), so that a
    * changed policy is noticed within a renewal period and an eviction is logged beside the loss
@@ -123,6 +131,7 @@ export const make = (
     /** The servers whose risk was last logged, so that a risk is logged once, not per reading. */
     let logged = ""
     let built = false
+    let replicas = 0
 
     const nodesOf = (): ReadonlyArray<Redis> => isCluster(client) ? client.nodes("master") : [client]
 
@@ -140,6 +149,7 @@ export const make = (
       // a cluster that has not connected yet knows no master: nothing to judge by
       if (nodes.length === 0) return yield* Effect.fail(tracker.fail("info", new Error("no cluster node is known yet")))
       const readings = yield* Effect.forEach(nodes, readNode, { concurrency: "unbounded" })
+      replicas = readings[0]!.replicas
       const risky = readings.filter(mayEvict)
       for (const reading of readings) {
         const before = evicted.get(reading.server)
@@ -187,12 +197,22 @@ export const make = (
     const refresh = Effect.suspend(() => Fiber.join(start()))
     const isStale = (at: number) => performance.now() - at > FRESH_MS
 
-    // the build's reading: a refused server fails the build (operation "connect")
-    const atBuild = yield* Effect.either(refresh)
-    if (atBuild._tag === "Right" && atBuild.right !== undefined) {
-      return yield* Effect.fail(tracker.fail("connect", atBuild.right.cause))
-    }
-    if (atBuild._tag === "Left") {
+    // the build's reading: a refused server fails the build (operation "connect"). A borrowed
+    // client's server that is not there does not fail it: the build goes on at the connection's
+    // first error, and grants wait for the reading (the one in flight, or the next)
+    const connectionFailed = Effect.async<"deferred">((resume) => {
+      const onError = () => resume(Effect.succeed("deferred"))
+      client.once("error", onError)
+      return Effect.sync(() => client.off("error", onError))
+    })
+    const atBuild = options.reachable
+      ? yield* Effect.either(refresh)
+      : yield* Effect.raceFirst(Effect.either(refresh), connectionFailed)
+    if (atBuild === "deferred") {
+      // nothing to judge by yet
+    } else if (atBuild._tag === "Right") {
+      if (atBuild.right !== undefined) return yield* Effect.fail(tracker.fail("connect", atBuild.right.cause))
+    } else {
       const error = atBuild.left
       // a server that answers with an error refuses INFO itself (renamed, or not in the ACL)
       if (options.reachable || isReplyError(error.cause)) {
@@ -235,6 +255,7 @@ export const make = (
         if (isStale(now.at)) void start()
         return now.refused === undefined ? undefined : Effect.fail(now.refused)
       },
+      replicas: () => replicas,
       // a renewal period is seconds long: every renewal reads (or joins a reading in flight)
       touch: () => void start()
     }

@@ -1,10 +1,12 @@
 import type { Scope } from "effect"
 import { Duration, Effect, Either, Option, Runtime } from "effect"
 import calculateSlot from "cluster-key-slot"
+import type { Redis } from "ioredis"
 import type * as LockBackend from "@lockstep/core/LockBackend"
 import { BackendError, InvalidLockOptions } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
 import { keepOpen, subscriberFor, whenNotHandshaking } from "./clients.js"
+import { viaSentinels } from "./descriptions.js"
 import type { ClientTracker } from "./tracker.js"
 import * as eviction from "./eviction.js"
 import * as replication from "./replication.js"
@@ -16,11 +18,14 @@ import { makeWakeups, wakeCode } from "./wakeups.js"
 /**
  * The quarantine's longest lease in ms (`undefined`: no quarantine), or why it cannot be had: a
  * cluster has no key every node's scripts can share, and a lease must be positive and finite.
+ * Unless the tuning says otherwise, it is on through sentinels and off elsewhere.
  */
-const quarantineOf = (tuning: Tuning | undefined, isCluster: boolean): number | string | undefined => {
-  if (tuning?.quarantine === undefined) return undefined
+const quarantineOf = (tuning: Tuning | undefined, isCluster: boolean, sentinels: boolean): number | string | undefined => {
+  const quarantine = tuning?.quarantine
+  if (quarantine === false || (quarantine === undefined && (isCluster || !sentinels))) return undefined
   if (isCluster) return "the failover quarantine keeps one record per server, which a Redis Cluster cannot share between slots"
-  const longest = tuning.quarantine.longestLease === undefined
+  // on by default for a master the sentinels manage, which they may replace by a replica any time
+  const longest = quarantine?.longestLease === undefined
     ? Option.some(Duration.seconds(30))
     : Duration.decodeUnknown(tuning.quarantine.longestLease)
   if (Option.isNone(longest)) return "longestLease is not a duration"
@@ -105,7 +110,8 @@ export const make = (
     const runtime = yield* Effect.runtime<never>()
     const renewBatchSize = tuning?.renewBatchSize ?? 1000
     const isCluster = "isCluster" in client && client.isCluster === true
-    const quarantine = quarantineOf(tuning, isCluster)
+    const sentinels = !isCluster && viaSentinels((client as Redis).options)
+    const quarantine = quarantineOf(tuning, isCluster, sentinels)
     const namespace = namespaceOf(client)
     /** The cluster slot of a lock's keys, as the server names them (in the namespace). */
     const slotOf = namespace === "" ? calculateSlot : (key: string) => calculateSlot(namespace + key)
@@ -134,10 +140,18 @@ export const make = (
 
     // replica acknowledgement (`replication`): checked before anything is opened; a mistake in it
     // fails the build as a bad URL fails `layerFrom`, with BackendError "connect"
-    const replicated = yield* Effect.mapError(
+    const chosen = yield* Effect.mapError(
       replication.settingsOf(tuning),
       (invalid) => tracker.fail("connect", invalid)
     )
+    // a server that may evict lock keys is refused unless the user accepted it (eviction.ts)
+    const evictionGuard = yield* eviction.make(client, tracker, { accept: tuning?.acceptEviction === true, reachable })
+    // by default, grants are acknowledged by every replica of a replicated master: one the
+    // sentinels manage, or one that had replicas when the backend was built (not a cluster's)
+    const replicated = chosen !== undefined || tuning?.replication === false || isCluster ||
+        !(sentinels || evictionGuard.replicas() > 0)
+      ? chosen
+      : replication.defaultSettings(tuning, evictionGuard.replicas)
     if (replicated?.aof === true) {
       const known = yield* tracker.call("connect", () => replication.hasWaitAof(client))
       if (!known) {
@@ -150,8 +164,6 @@ export const make = (
         ))
       }
     }
-    // a server that may evict lock keys is refused unless the user accepted it (eviction.ts)
-    const evictionGuard = yield* eviction.make(client, tracker, { accept: tuning?.acceptEviction === true, reachable })
     const acknowledged = replicated === undefined
       ? undefined
       : yield* replication.make(client, replicated, (c) => tracker.watch(c, "acknowledged"))

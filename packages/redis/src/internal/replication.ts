@@ -79,10 +79,13 @@ export const defaultTimeout = (command: Duration.Duration): Duration.Duration =>
 
 const invalid = (field: string, reason: string) => Either.left(new InvalidLockOptions({ field, reason }))
 
-/** The `replication` tuning of `tuning` (undefined: off), or InvalidLockOptions naming what is wrong with it. */
+/**
+ * The `replication` tuning of `tuning` (undefined: off, or left to the default), or
+ * InvalidLockOptions naming what is wrong with it.
+ */
 export const settingsOf = (tuning: Tuning | undefined): Either.Either<Settings | undefined, InvalidLockOptions> => {
   const replication = tuning?.replication
-  if (replication === undefined) return Either.right(undefined)
+  if (replication === undefined || replication === false) return Either.right(undefined)
   const { aof, replicas } = replication
   if (typeof replicas !== "number" || !Number.isInteger(replicas) || replicas < 1) {
     return invalid("replication.replicas", `must be a positive integer, got ${String(replicas)}`)
@@ -109,6 +112,24 @@ export const settingsOf = (tuning: Tuning | undefined): Either.Either<Settings |
     )
   }
   return Either.right({ replicas, timeout: Duration.millis(timeoutMs), timeoutMs, aof: aof === true })
+}
+
+/**
+ * The default acknowledgement (no `replication` given, on a replicated deployment): by every
+ * replica the master has, as `replicas()` last read it (its `connected_slaves`), within the
+ * default timeout. A replica that leaves the master stops being waited for once the master has
+ * dropped it; one that is cut off but still connected is waited for, and grants fail meanwhile.
+ */
+export const defaultSettings = (tuning: Tuning | undefined, replicas: () => number): Settings => {
+  const timeout = defaultTimeout(commandTimeout(tuning))
+  return {
+    get replicas() {
+      return replicas()
+    },
+    timeout,
+    timeoutMs: Math.ceil(Duration.toMillis(timeout)),
+    aof: false
+  }
 }
 
 /** The replies to one script sent with an acknowledgement. */
@@ -163,7 +184,6 @@ interface Ticket {
 
 /** On a single server: grouped `WAIT`s, at most one in flight. */
 const onServer = (client: Redis, settings: Settings): Acknowledged => {
-  const wait = waitCommand(settings)
   /** Scripts written so far. */
   let written = 0
   let waiting = false
@@ -188,7 +208,8 @@ const onServer = (client: Redis, settings: Settings): Acknowledged => {
       for (const ticket of covered) ticket.settle(outcome, false)
       ask()
     }
-    client.call(...wait).then(
+    // asked for as many replicas as are required now (the default follows the master's replicas)
+    client.call(...waitCommand(settings)).then(
       (reply) => answered(countOf(reply)),
       (error: unknown) => answered(asError(error))
     )
@@ -254,7 +275,6 @@ const isRedirection = (error: unknown) => error instanceof Error && /^(MOVED|ASK
 
 /** On a Redis Cluster: a pipeline [script, WAIT] per call, routed by the key's slot. */
 const onCluster = (cluster: Cluster, settings: Settings): Acknowledged => {
-  const wait = waitCommand(settings)
   const refreshed = () =>
     new Promise<void>((resolve) => {
       cluster.refreshSlotsCache(() => resolve())
@@ -272,7 +292,7 @@ const onCluster = (cluster: Cluster, settings: Settings): Acknowledged => {
       const pipeline = cluster.pipeline()
       if (loaded) pipeline.evalsha(script.sha, keys.length, ...keys, ...args)
       else pipeline.eval(script.lua, keys.length, ...keys, ...args)
-      pipeline.call(...wait)
+      pipeline.call(...waitCommand(settings))
       const results = (await pipeline.exec()) ?? []
       const [scriptError, reply] = results[0] ?? [new Error("no reply to the script"), undefined]
       if (scriptError !== null && scriptError !== undefined) {
