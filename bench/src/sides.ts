@@ -27,7 +27,8 @@ export type SideId =
   | "redis-semaphore"
   | "effect-distributed-lock"
   | "effect-distributed-lock-poll"
-  | "failover-default"
+  | "failover-off"
+  | "failover-defaults"
   | "failover-replicas-1"
   | "failover-replicas-2"
   | "failover-quarantine"
@@ -274,12 +275,17 @@ const lockstepTuned = (id: SideId, name: string, tuning: (watchdogMs: number) =>
 
 const quarantineOf = (watchdogMs: number) => ({ longestLease: Duration.millis(watchdogMs) })
 
-/** The Redis backend's opt-in failover options, one side each, and both together (scenario 10). */
+/**
+ * The Redis backend's failover options (scenario 10): both off, the defaults (which depend on the
+ * connection: through sentinels the quarantine, on a master with replicas the acknowledgement by
+ * every replica), each option alone and both together.
+ */
 export const failoverSides = {
-  none: lockstepTuned("failover-default", "default options", () => ({})),
-  replicas1: lockstepTuned("failover-replicas-1", "replication: { replicas: 1 }", () => ({ replication: { replicas: 1 } })),
-  replicas2: lockstepTuned("failover-replicas-2", "replication: { replicas: 2 }", () => ({ replication: { replicas: 2 } })),
-  quarantine: lockstepTuned("failover-quarantine", "quarantine", (watchdogMs) => ({ quarantine: quarantineOf(watchdogMs) })),
+  off: lockstepTuned("failover-off", "replication: false, quarantine: false", () => ({ replication: false, quarantine: false })),
+  defaults: lockstepTuned("failover-defaults", "default options", () => ({})),
+  replicas1: lockstepTuned("failover-replicas-1", "replication: { replicas: 1 }", () => ({ replication: { replicas: 1 }, quarantine: false })),
+  replicas2: lockstepTuned("failover-replicas-2", "replication: { replicas: 2 }", () => ({ replication: { replicas: 2 }, quarantine: false })),
+  quarantine: lockstepTuned("failover-quarantine", "quarantine", (watchdogMs) => ({ quarantine: quarantineOf(watchdogMs), replication: false })),
   both: lockstepTuned("failover-both", "replicas: 2 + quarantine", (watchdogMs) => ({
     replication: { replicas: 2 },
     quarantine: quarantineOf(watchdogMs)

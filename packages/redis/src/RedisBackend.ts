@@ -449,7 +449,9 @@ export const layer = (options: Options): Layer.Layer<LockBackend, BackendError> 
  * Provides `LockBackend` on connections the layer opens and closes itself.
  *
  * Building the layer checks the server: one PING, within the command timeout or until ioredis
- * gives up, whichever comes first. An unreachable server, a refused password or a bad URL fails
+ * gives up, whichever comes first, and one INFO, which refuses a server that may evict lock keys
+ * (see `Tuning.acceptEviction`) and tells whether the master has replicas (see
+ * `Tuning.replication`). An unreachable server, a refused password or a bad URL fails
  * the layer with `BackendError` (operation `"connect"`) naming the endpoint and the cause, e.g.
  * `lock backend failed during connect on Redis 10.0.0.7:6379: connect ECONNREFUSED 10.0.0.7:6379`,
  * and closes what it opened.
@@ -466,7 +468,8 @@ export const layer = (options: Options): Layer.Layer<LockBackend, BackendError> 
  * own through sentinels (`layer`) wants `failoverDetector: true` too. When the master dies, calls fail with
  * `BackendError` until the sentinels have promoted a replica and the connection's next attempt
  * (ioredis backs off 50 ms more per attempt, up to 2 s) reaches it. A failover loses what the old
- * master had not yet replicated; see `Tuning.replication`. Sentinels that cannot help fail the
+ * master had not yet replicated: through sentinels, grants are acknowledged by every replica and
+ * the failover quarantine is on by default (see `Tuning.replication` and `Tuning.quarantine`). Sentinels that cannot help fail the
  * layer within the command timeout, e.g. `lock backend failed during connect on Redis master
  * "orders" via sentinels 10.0.0.5:26379, 10.0.0.6:26379: no sentinel answered (no answer from
  * Redis within 2s)`, or `... the sentinels know no master of that name ...`.
