@@ -338,7 +338,10 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
         subscribe: (key, holder, mode) => Effect.mapError(service.subscribe(key, holder, mode), locate)
       }),
       ping: Effect.raceFirst(
-        Effect.suspend(() => probeCommands(client, tracker, { replication: tuning?.replication !== undefined, reachable: true })),
+        // WAIT with `replication` asked for (`false` turns acknowledgement off)
+        Effect.suspend(() =>
+          probeCommands(client, tracker, { replication: typeof tuning?.replication === "object", reachable: true })
+        ),
         certificateRefused
       ),
       report
