@@ -383,7 +383,10 @@ export type Connection =
 /**
  * The backend on an existing client (borrowed: closing the scope does not close it). A duplicate
  * connection, opened when a first waiter subscribes, carries the waiters' subscriptions and is
- * closed with the scope. One `INFO` is sent here, to read the server's eviction policy (every
+ * closed with the scope. Two round trips are made here: one asks for the commands the backend
+ * needs (EVALSHA, EVAL, SUBSCRIBE; WAIT with replica acknowledgement; SELECT with a database),
+ * each without arguments, and fails it with `BackendError` naming any the server refuses (renamed
+ * or disabled, as managed services do); one `INFO` reads the server's eviction policy (every
  * master's, on a cluster): a server that may evict lock keys fails it with `BackendError` unless
  * `acceptEviction` is set (see `Tuning.acceptEviction`). A server that cannot be reached does not
  * fail it: it shows in the first calls (as `BackendError`), and grants wait for the eviction
@@ -448,8 +451,10 @@ export const layer = (options: Options): Layer.Layer<LockBackend, BackendError> 
 /**
  * Provides `LockBackend` on connections the layer opens and closes itself.
  *
- * Building the layer checks the server: one PING, within the command timeout or until ioredis
- * gives up, whichever comes first, and one INFO, which refuses a server that may evict lock keys
+ * Building the layer checks the server: one round trip that asks for the commands the backend
+ * needs (EVALSHA, EVAL, SUBSCRIBE; WAIT with `replication`; SELECT with a database), each without
+ * arguments, within the command timeout or until ioredis gives up, whichever comes first (a
+ * refused command fails it with one line naming it), and one INFO, which refuses a server that may evict lock keys
  * (see `Tuning.acceptEviction`) and tells whether the master has replicas (see
  * `Tuning.replication`). An unreachable server, a refused password or a bad URL fails
  * the layer with `BackendError` (operation `"connect"`) naming the endpoint and the cause, e.g.

@@ -20,6 +20,7 @@ import {
   isCertificateError,
   isCluster,
   redact,
+  refusedCommand,
   SENTINEL_PORT,
   SENTINEL_ROUND,
   viaSentinels
@@ -499,3 +500,24 @@ export const whenNotHandshaking = <A>(subscriber: Client, command: () => Promise
     subscriber.on("close", go)
   })
 }
+
+/**
+ * `effect`, or `undefined` as soon as `client` reports a connection error: the checks a borrowed
+ * client's backend makes at build go on without a server that is not there yet (they are made
+ * again, or show in the calls, once it answers), rather than hold the build for the command
+ * timeout.
+ */
+export const unlessConnectionFails = <A, E>(client: Client, effect: Effect.Effect<A, E>): Effect.Effect<A | undefined, E> =>
+  Effect.raceFirst(
+    effect,
+    Effect.async<undefined>((resume) => {
+      // a server that answers and refuses a command (ioredis's ready check: INFO) is there: the
+      // checks go on and say so
+      const onError = (error: unknown) => {
+        if (refusedCommand(error) === undefined) resume(Effect.succeed(undefined))
+      }
+      client.on("error", onError)
+      return Effect.sync(() => client.off("error", onError))
+    })
+  )
+

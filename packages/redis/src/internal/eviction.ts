@@ -20,6 +20,7 @@ import { Data, Effect, Fiber, Metric, Runtime } from "effect"
 import type { Redis } from "ioredis"
 import { BackendError } from "@lockstep/core/LockError"
 import type { Client } from "../RedisBackend.js"
+import { unlessConnectionFails } from "./clients.js"
 import { describeNode, isCluster, isReplyError } from "./descriptions.js"
 import type { ClientTracker } from "./tracker.js"
 
@@ -200,15 +201,10 @@ export const make = (
     // the build's reading: a refused server fails the build (operation "connect"). A borrowed
     // client's server that is not there does not fail it: the build goes on at the connection's
     // first error, and grants wait for the reading (the one in flight, or the next)
-    const connectionFailed = Effect.async<"deferred">((resume) => {
-      const onError = () => resume(Effect.succeed("deferred"))
-      client.once("error", onError)
-      return Effect.sync(() => client.off("error", onError))
-    })
     const atBuild = options.reachable
       ? yield* Effect.either(refresh)
-      : yield* Effect.raceFirst(Effect.either(refresh), connectionFailed)
-    if (atBuild === "deferred") {
+      : yield* unlessConnectionFails(client, Effect.either(refresh))
+    if (atBuild === undefined) {
       // nothing to judge by yet
     } else if (atBuild._tag === "Right") {
       if (atBuild.right !== undefined) return yield* Effect.fail(tracker.fail("connect", atBuild.right.cause))

@@ -5,7 +5,8 @@ import type { Redis } from "ioredis"
 import type * as LockBackend from "@lockstep/core/LockBackend"
 import { BackendError, InvalidLockOptions } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
-import { keepOpen, subscriberFor, whenNotHandshaking } from "./clients.js"
+import { keepOpen, subscriberFor, unlessConnectionFails, whenNotHandshaking } from "./clients.js"
+import { probeCommands } from "./commands.js"
 import { viaSentinels } from "./descriptions.js"
 import type { ClientTracker } from "./tracker.js"
 import * as eviction from "./eviction.js"
@@ -152,6 +153,12 @@ export const make = (
         !(sentinels || evictionGuard.replicas() > 0)
       ? chosen
       : replication.defaultSettings(tuning, evictionGuard.replicas)
+    // layerFrom asked for the commands it needs in its first round trip (tracker.ping), WAIT only
+    // with `replication` given; a borrowed client, or acknowledgement on by default, is asked here
+    if (!reachable || (replicated !== undefined && chosen === undefined)) {
+      const probe = probeCommands(client, tracker, { replication: replicated !== undefined, reachable })
+      yield* reachable ? probe : unlessConnectionFails(client, probe)
+    }
     if (replicated?.aof === true) {
       const known = yield* tracker.call("connect", () => replication.hasWaitAof(client))
       if (!known) {
