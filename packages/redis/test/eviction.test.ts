@@ -15,7 +15,16 @@ import type { Service } from "@lockstep/core/LockBackend"
 import type { BackendError } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
 import { RedisServer } from "@lockstep/testkit"
-import { call, eventually, nowMs, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
+import {
+  call,
+  eventually,
+  nowMs,
+  rawClient,
+  retryWhileReconnecting,
+  runnable,
+  warnIfNotRun,
+  withBackend
+} from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis eviction suite (eviction.test.ts)")
 
@@ -90,6 +99,38 @@ describe.runIf(runnable)("Redis backend on a server that may evict keys", () => 
       yield* call(raw, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
       yield* call(raw, "CONFIG", "SET", "maxmemory", "0")
       yield* Effect.scoped(build(RedisBackend.layerFrom(server.url, tuning)))
+    }), 60_000)
+
+  it.scopedLive("on a Redis Cluster every master is read: one that may evict is named", () =>
+    Effect.gen(function*() {
+      const cluster = yield* RedisServer.makeCluster({ masters: 3 })
+      const startupNodes = cluster.startupNodes.map((node) => ({ host: node.host, port: node.port }))
+      yield* Effect.scoped(build(RedisBackend.layerFrom({ cluster: startupNodes }, tuning)))
+      const raw = yield* rawClient(cluster.nodes[2]!.url)
+      yield* call(raw, "CONFIG", "SET", "maxmemory", "64mb")
+      yield* call(raw, "CONFIG", "SET", "maxmemory-policy", "allkeys-lfu")
+      const refused = yield* Effect.flip(Effect.scoped(build(RedisBackend.layerFrom({ cluster: startupNodes }, tuning))))
+      assert.instanceOf(refused.cause, RedisBackend.EvictionRisk, refused.message)
+      assert.include(refused.message, `Redis 127.0.0.1:${cluster.nodes[2]!.port} may evict lock keys`)
+      assert.include(refused.message, "maxmemory-policy allkeys-lfu")
+    }), 60_000)
+
+  it.scopedLive("after a reconnection the policy is read again before the next grant", () =>
+    Effect.gen(function*() {
+      const server = yield* RedisServer.make({ args: ["--maxmemory", "64mb", "--maxmemory-policy", "noeviction"] })
+      const raw = yield* rawClient(server.url)
+      const backend = yield* build(RedisBackend.layerFrom(server.url, tuning))
+      const lock = yield* Lock.make("evict:reconnect").pipe(withBackend(backend))
+      yield* Effect.scoped(Lock.acquire(lock))
+      // a reconfigured server behind a new connection (a failover looks the same to the client),
+      // well within the second a reading stays fresh
+      yield* call(raw, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+      yield* call(raw, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+      // a read (which no eviction check holds back) answers once the backend has reconnected
+      yield* retryWhileReconnecting(Lock.isLocked(lock))
+      const refused = yield* Effect.flip(Effect.scoped(Lock.acquire(lock, { timeout: "5 seconds" })))
+      assert.strictEqual(refused._tag, "BackendError")
+      if (refused._tag === "BackendError") assert.instanceOf(refused.cause, RedisBackend.EvictionRisk, refused.message)
     }), 60_000)
 
   it.scopedLive("a policy changed at run time refuses new grants within a renewal period; held leases go on", () =>
