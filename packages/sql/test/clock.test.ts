@@ -13,10 +13,7 @@
  *
  * Each test prints what it measured; the README's "Clocks" paragraph quotes it.
  */
-import { execFile, spawn } from "node:child_process"
-import { existsSync, mkdtempSync, rmSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { existsSync } from "node:fs"
 import { afterAll, assert, describe, it } from "@effect/vitest"
 import { Clock, Context, Effect, Exit, Fiber, Layer, Option, Scope } from "effect"
 import type { Connection } from "@effect/sql/SqlConnection"
@@ -27,7 +24,7 @@ import { LockBackend } from "@lockstep/core/LockBackend"
 import type { LockLost } from "@lockstep/core/LockError"
 import { SqlBackend } from "@lockstep/sql"
 import { clientLayer, database, required } from "./databases.js"
-import { freePort } from "./servers.js"
+import { ownMariadbWith } from "./servers.js"
 
 /** The server's clock as the test sets it: seconds added to the server's own time. */
 interface Jump {
@@ -137,55 +134,12 @@ if (!canStart) {
   console.warn("SQL clock suite NOT RUN: mariadbd not installed")
 }
 
-const exec = (command: string, args: ReadonlyArray<string>) =>
-  new Promise<void>((resolve, reject) =>
-    execFile(command, args, { timeout: 60_000 }, (error, _stdout, stderr) =>
-      error === null ? resolve() : reject(new Error(`${command} failed: ${error.message}\n${stderr}`)))
-  )
-
-/** A MariaDB server with `--sysdate-is-now` in a temporary directory: the URL of its database `lockstep`. */
-const startServer = async (): Promise<string> => {
-  const dir = mkdtempSync(join(tmpdir(), "lockstep-mariadb-clock-"))
-  afterAll(() => rmSync(dir, { recursive: true, force: true }))
-  const port = await Effect.runPromise(freePort)
-  const data = join(dir, "data")
-  await exec("mariadb-install-db", ["--no-defaults", `--datadir=${data}`, "--user=root", "--skip-test-db"])
-  const child = spawn(mariadbd, [
-    "--no-defaults",
-    `--datadir=${data}`,
-    `--port=${port}`,
-    "--bind-address=127.0.0.1",
-    `--socket=${join(dir, "mysqld.sock")}`,
-    `--pid-file=${join(dir, "mysqld.pid")}`,
-    "--user=root",
-    "--skip-grant-tables",
-    "--innodb-buffer-pool-size=32M",
-    "--innodb-log-file-size=16M",
-    // SYSDATE(), the backend's clock, follows the session's timestamp as NOW() does
-    "--sysdate-is-now"
-  ], { stdio: "ignore" })
-  afterAll(() =>
-    new Promise<void>((resolve) => {
-      if (child.exitCode !== null || child.signalCode !== null) return resolve()
-      child.once("exit", () => resolve())
-      child.kill("SIGTERM")
-    })
-  )
-  const deadline = Date.now() + 30_000
-  while (true) {
-    try {
-      await exec("mysqladmin", ["-h", "127.0.0.1", "-P", String(port), "-uroot", "ping"])
-      break
-    } catch (error) {
-      if (Date.now() > deadline) throw error
-      await new Promise((resolve) => setTimeout(resolve, 100))
-    }
-  }
-  await exec("mysql", ["-h", "127.0.0.1", "-P", String(port), "-uroot", "-e", "CREATE DATABASE lockstep"])
-  return `mysql://root@127.0.0.1:${port}/lockstep`
-}
-
-const own = canStart ? await startServer() : undefined
+// SYSDATE(), the backend's clock, follows the session's timestamp as NOW() does
+const serverScope = Effect.runSync(Scope.make())
+afterAll(() => Effect.runPromise(Scope.close(serverScope, Exit.void)))
+const own = canStart
+  ? (await Effect.runPromise(Scope.extend(ownMariadbWith(["--sysdate-is-now"]), serverScope))).url
+  : undefined
 
 describe.runIf(own !== undefined)("SQL backend on MariaDB whose clock steps", () => {
   if (own === undefined) return

@@ -153,8 +153,11 @@ export const ownPostgresWith = (
 /** A PostgreSQL cluster of the test's own, with database `lockstep`, open to anyone on loopback. */
 export const ownPostgres: Effect.Effect<OwnServer, never, Scope.Scope> = ownPostgresWith({})
 
-/** A MariaDB server of the test's own, with database `lockstep` (no grant tables: anyone may connect). */
-export const ownMariadb: Effect.Effect<OwnServer, never, Scope.Scope> = Effect.gen(function*() {
+/**
+ * A MariaDB server of the test's own, with database `lockstep` (no grant tables: anyone may
+ * connect), started with `extra` arguments for `mariadbd` (e.g. `--sysdate-is-now`).
+ */
+export const ownMariadbWith = (extra: ReadonlyArray<string>): Effect.Effect<OwnServer, never, Scope.Scope> => Effect.gen(function*() {
   const dir = yield* temporaryDirectory("lockstep-mariadb-")
   const port = yield* freePort
   const data = join(dir, "data")
@@ -169,7 +172,8 @@ export const ownMariadb: Effect.Effect<OwnServer, never, Scope.Scope> = Effect.g
     "--user=root",
     "--skip-grant-tables",
     "--innodb-buffer-pool-size=32M",
-    "--innodb-log-file-size=16M"
+    "--innodb-log-file-size=16M",
+    ...extra
   ]
   const ping = run("mysqladmin", ["-h", "127.0.0.1", "-P", String(port), "-uroot", "ping"])
   const mariadbd = { current: undefined as ReturnType<typeof spawn> | undefined }
@@ -191,3 +195,6 @@ export const ownMariadb: Effect.Effect<OwnServer, never, Scope.Scope> = Effect.g
     restart: Effect.zipRight(stop, start)
   }
 })
+
+/** A MariaDB server of the test's own, with database `lockstep` (no grant tables: anyone may connect). */
+export const ownMariadb: Effect.Effect<OwnServer, never, Scope.Scope> = ownMariadbWith([])
