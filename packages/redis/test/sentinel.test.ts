@@ -281,170 +281,210 @@ describe("redis+sentinel:// URLs", () => {
     }).pipe(Effect.provide(Logger.remove(Logger.defaultLogger))))
 })
 
+/** Replica acknowledgement and the failover quarantine both off: what the tests below are not about. */
+const off: RedisBackend.Tuning = { replication: false, quarantine: false }
+
 describe.runIf(runnable)("Redis backend through Sentinel", () => {
-  it.scopedLive("every kind works through sentinels (options, URL, layerConfig); sentinel passwords; an unknown master name fails clearly", () =>
-    Effect.gen(function*() {
-      const topology = yield* RedisSentinel.make()
-      const viaOptions = yield* backendFrom(RedisBackend.layerFrom(optionsOf(topology)))
-      const viaUrl = yield* backendFrom(RedisBackend.layerFrom(urlOf(topology)))
-      const viaConfig = yield* backendFrom(
-        RedisBackend.layerConfig().pipe(
-          Layer.provide(Layer.setConfigProvider(ConfigProvider.fromMap(new Map([["REDIS_URL", urlOf(topology)]]))))
+  // once with both off, and once with the defaults (through sentinels: every replica acknowledges
+  // each grant, and the quarantine holds the first grant until the master has been up 30 s)
+  for (
+    const [label, tuning] of [
+      ["with replication and quarantine off", off],
+      ["with the defaults (the first grant waits out the quarantine, every grant acknowledged)", undefined]
+    ] as const
+  ) {
+    it.scopedLive(`every kind works through sentinels (options, URL, layerConfig) ${label}; sentinel passwords; an unknown master name fails clearly`, () =>
+      Effect.gen(function*() {
+        const startedAt = nowMs()
+        const topology = yield* RedisSentinel.make()
+        const viaOptions = yield* backendFrom(RedisBackend.layerFrom(optionsOf(topology), tuning))
+        const viaUrl = yield* backendFrom(RedisBackend.layerFrom(urlOf(topology), tuning))
+        const viaConfig = yield* backendFrom(
+          RedisBackend.layerConfig(undefined, tuning).pipe(
+            Layer.provide(Layer.setConfigProvider(ConfigProvider.fromMap(new Map([["REDIS_URL", urlOf(topology)]]))))
+          )
         )
-      )
-      const master = yield* topology.master
-      const raw = yield* nodeClient(master)
+        const master = yield* topology.master
+        const raw = yield* nodeClient(master)
+        const waitsBefore = yield* callsOf(raw, "wait")
 
-      // Lock: a grant, re-entrancy with the same fence, and a hand-off across processes on a wake-up
-      const lock = yield* Lock.make("sentinel-basic", { waiterTimeout: "20 seconds" }).pipe(withBackend(viaOptions))
-      const other = yield* Lock.make("sentinel-basic", { waiterTimeout: "20 seconds" }).pipe(withBackend(viaConfig))
-      const fences = yield* Lock.withLock(
-        (outer: Lease) => Effect.map(Lock.withLock((inner: Lease) => Effect.succeed(inner.fence), lock), (inner) => [outer.fence, inner] as const),
-        lock
-      )
-      assert.strictEqual(fences[0], fences[1])
-      const held = yield* Deferred.make<void>()
-      const releasedAt = yield* Deferred.make<number>()
-      const first = yield* Effect.fork(
-        Lock.withLock(Effect.zipRight(Deferred.succeed(held, undefined), Effect.sleep(300)), lock).pipe(
-          Effect.zipRight(Effect.sync(() => nowMs())),
-          Effect.tap((at) => Deferred.succeed(releasedAt, at))
+        // Lock: a grant, re-entrancy with the same fence, and a hand-off across processes on a wake-up
+        const lock = yield* Lock.make("sentinel-basic", { waiterTimeout: "20 seconds" }).pipe(withBackend(viaOptions))
+        const other = yield* Lock.make("sentinel-basic", { waiterTimeout: "20 seconds" }).pipe(withBackend(viaConfig))
+        const askedAt = nowMs()
+        const fences = yield* Lock.withLock(
+          (outer: Lease) => Effect.map(Lock.withLock((inner: Lease) => Effect.succeed(inner.fence), lock), (inner) => [outer.fence, inner] as const),
+          lock
         )
-      )
-      yield* Deferred.await(held)
-      const second = yield* Effect.fork(Lock.withLock((lease: Lease) => Effect.sync(() => ({ fence: lease.fence, at: nowMs() })), other))
-      yield* Fiber.join(first)
-      const handedOff = yield* Fiber.join(second)
-      const handOffMs = handedOff.at - (yield* Deferred.await(releasedAt))
-      assert.isAbove(handedOff.fence, fences[0])
-      assert.isBelow(handOffMs, 500, "woken by the release, not by a retry")
-      // the database of the URL
-      const inDb2 = yield* backendFrom(RedisBackend.layerFrom(urlOf(topology, "/2")))
-      yield* Effect.scoped(Lock.acquire(yield* Lock.make("sentinel-db", { lease: "5 seconds" }).pipe(withBackend(inDb2))))
-      yield* Effect.promise(() => raw.select(2))
-      assert.strictEqual(yield* Effect.promise(() => raw.exists("redisson_lock_token:{sentinel-db}")), 1)
+        const grantedAt = nowMs()
+        assert.strictEqual(fences[0], fences[1])
+        if (tuning === undefined) {
+          // the master started after `startedAt` and grants nothing before it has been up 30 s
+          // (its uptime counts whole seconds)
+          assert.isAtLeast(grantedAt - startedAt, 29_000, "the first grant waited out the quarantine")
+        } else {
+          assert.isBelow(grantedAt - askedAt, 15_000, "no quarantine held the first grant")
+        }
+        console.log(
+          `[sentinel] ${label}: first grant ${Math.round(grantedAt - askedAt)} ms after it was asked, ` +
+            `${Math.round(grantedAt - startedAt)} ms after the topology was started`
+        )
+        const held = yield* Deferred.make<void>()
+        const releasedAt = yield* Deferred.make<number>()
+        const first = yield* Effect.fork(
+          Lock.withLock(Effect.zipRight(Deferred.succeed(held, undefined), Effect.sleep(300)), lock).pipe(
+            Effect.zipRight(Effect.sync(() => nowMs())),
+            Effect.tap((at) => Deferred.succeed(releasedAt, at))
+          )
+        )
+        yield* Deferred.await(held)
+        const second = yield* Effect.fork(Lock.withLock((lease: Lease) => Effect.sync(() => ({ fence: lease.fence, at: nowMs() })), other))
+        yield* Fiber.join(first)
+        const handedOff = yield* Fiber.join(second)
+        const handOffMs = handedOff.at - (yield* Deferred.await(releasedAt))
+        assert.isAbove(handedOff.fence, fences[0])
+        assert.isBelow(handOffMs, 500, "woken by the release, not by a retry")
+        // the database of the URL
+        const inDb2 = yield* backendFrom(RedisBackend.layerFrom(urlOf(topology, "/2"), tuning))
+        yield* Effect.scoped(Lock.acquire(yield* Lock.make("sentinel-db", { lease: "5 seconds" }).pipe(withBackend(inDb2))))
+        yield* Effect.promise(() => raw.select(2))
+        assert.strictEqual(yield* Effect.promise(() => raw.exists("redisson_lock_token:{sentinel-db}")), 1)
 
-      // FairLock: first come, first served
-      const fair = (backend: Service) => FairLock.make("sentinel-fair", { waiterTimeout: "20 seconds" }).pipe(withBackend(backend))
-      const fairHolder = yield* Deferred.make<void>()
-      const fairRelease = yield* Deferred.make<void>()
-      const order: Array<number> = []
-      const fairFirst = yield* Effect.fork(
-        Lock.withLock(Effect.zipRight(Deferred.succeed(fairHolder, undefined), Deferred.await(fairRelease)), yield* fair(viaOptions))
-      )
-      yield* Deferred.await(fairHolder)
-      const queued: Array<Fiber.RuntimeFiber<void, unknown>> = []
-      for (const [i, backend] of [viaUrl, viaOptions, viaConfig].entries()) {
-        const fairLock = yield* fair(backend)
-        queued.push(yield* Effect.fork(Lock.withLock(Effect.sync(() => void order.push(i)), fairLock)))
-        yield* Effect.sleep(150)
-      }
-      yield* Deferred.succeed(fairRelease, undefined)
-      yield* Fiber.join(fairFirst)
-      for (const fiber of queued) yield* Fiber.join(fiber)
-      assert.deepStrictEqual(order, [0, 1, 2])
+        // FairLock: first come, first served
+        const fair = (backend: Service) => FairLock.make("sentinel-fair", { waiterTimeout: "20 seconds" }).pipe(withBackend(backend))
+        const fairHolder = yield* Deferred.make<void>()
+        const fairRelease = yield* Deferred.make<void>()
+        const order: Array<number> = []
+        const fairFirst = yield* Effect.fork(
+          Lock.withLock(Effect.zipRight(Deferred.succeed(fairHolder, undefined), Deferred.await(fairRelease)), yield* fair(viaOptions))
+        )
+        yield* Deferred.await(fairHolder)
+        const queued: Array<Fiber.RuntimeFiber<void, unknown>> = []
+        for (const [i, backend] of [viaUrl, viaOptions, viaConfig].entries()) {
+          const fairLock = yield* fair(backend)
+          queued.push(yield* Effect.fork(Lock.withLock(Effect.sync(() => void order.push(i)), fairLock)))
+          yield* Effect.sleep(150)
+        }
+        yield* Deferred.succeed(fairRelease, undefined)
+        yield* Fiber.join(fairFirst)
+        for (const fiber of queued) yield* Fiber.join(fiber)
+        assert.deepStrictEqual(order, [0, 1, 2])
 
-      // Semaphore: never more than its limit at once
-      let inside = 0
-      let most = 0
-      yield* Effect.forEach([viaOptions, viaUrl, viaConfig, viaOptions], (backend) =>
-        Effect.flatMap(Semaphore.make("sentinel-semaphore", { limit: 2, waiterTimeout: "20 seconds" }).pipe(withBackend(backend)), (sem) =>
-          Effect.sync(() => {
-            inside++
-            most = Math.max(most, inside)
-          }).pipe(Effect.zipRight(Effect.sleep(100)), Effect.ensuring(Effect.sync(() => inside--)), Semaphore.withPermits(sem))), {
-        concurrency: "unbounded"
-      })
-      assert.strictEqual(most, 2)
+        // Semaphore: never more than its limit at once
+        let inside = 0
+        let most = 0
+        yield* Effect.forEach([viaOptions, viaUrl, viaConfig, viaOptions], (backend) =>
+          Effect.flatMap(Semaphore.make("sentinel-semaphore", { limit: 2, waiterTimeout: "20 seconds" }).pipe(withBackend(backend)), (sem) =>
+            Effect.sync(() => {
+              inside++
+              most = Math.max(most, inside)
+            }).pipe(Effect.zipRight(Effect.sleep(100)), Effect.ensuring(Effect.sync(() => inside--)), Semaphore.withPermits(sem))), {
+          concurrency: "unbounded"
+        })
+        assert.strictEqual(most, 2)
 
-      // ReadWriteLock: two readers at once, the writer after both
-      const rwA = yield* ReadWriteLock.make("sentinel-rw", { waiterTimeout: "20 seconds" }).pipe(withBackend(viaOptions))
-      const rwB = yield* ReadWriteLock.make("sentinel-rw", { waiterTimeout: "20 seconds" }).pipe(withBackend(viaConfig))
-      const events: Array<string> = []
-      const reader = (rw: ReadWriteLock.ReadWriteLock, name: string) =>
-        Lock.withLock(Effect.zipRight(Effect.sync(() => events.push(`${name}+`)), Effect.zipRight(Effect.sleep(200), Effect.sync(() => events.push(`${name}-`)))), rw.read)
-      const readers = yield* Effect.fork(Effect.all([reader(rwA, "r1"), reader(rwB, "r2")], { concurrency: "unbounded" }))
-      yield* Effect.sleep(50)
-      yield* Lock.withLock(Effect.sync(() => events.push("w")), rwB.write)
-      yield* Fiber.join(readers)
-      assert.deepStrictEqual(events.slice(0, 2).sort(), ["r1+", "r2+"])
-      assert.strictEqual(events[events.length - 1], "w")
+        // ReadWriteLock: two readers at once, the writer after both
+        const rwA = yield* ReadWriteLock.make("sentinel-rw", { waiterTimeout: "20 seconds" }).pipe(withBackend(viaOptions))
+        const rwB = yield* ReadWriteLock.make("sentinel-rw", { waiterTimeout: "20 seconds" }).pipe(withBackend(viaConfig))
+        const events: Array<string> = []
+        const reader = (rw: ReadWriteLock.ReadWriteLock, name: string) =>
+          Lock.withLock(Effect.zipRight(Effect.sync(() => events.push(`${name}+`)), Effect.zipRight(Effect.sleep(200), Effect.sync(() => events.push(`${name}-`)))), rw.read)
+        const readers = yield* Effect.fork(Effect.all([reader(rwA, "r1"), reader(rwB, "r2")], { concurrency: "unbounded" }))
+        yield* Effect.sleep(50)
+        yield* Lock.withLock(Effect.sync(() => events.push("w")), rwB.write)
+        yield* Fiber.join(readers)
+        assert.deepStrictEqual(events.slice(0, 2).sort(), ["r1+", "r2+"])
+        assert.strictEqual(events[events.length - 1], "w")
 
-      // CountDownLatch: a waiter in one process, the count in another
-      const latchA = yield* CountDownLatch.make("sentinel-latch").pipe(withBackend(viaOptions))
-      const latchB = yield* CountDownLatch.make("sentinel-latch").pipe(withBackend(viaUrl))
-      assert.isTrue(yield* CountDownLatch.trySetCount(latchA, 2))
-      const awaiting = yield* Effect.fork(CountDownLatch.await(latchA, { timeout: "5 seconds" }))
-      yield* Effect.sleep(100)
-      yield* CountDownLatch.countDown(latchB)
-      yield* CountDownLatch.countDown(latchB)
-      const opened = nowMs()
-      yield* Fiber.join(awaiting)
-      assert.isBelow(nowMs() - opened, 500)
+        // CountDownLatch: a waiter in one process, the count in another
+        const latchA = yield* CountDownLatch.make("sentinel-latch").pipe(withBackend(viaOptions))
+        const latchB = yield* CountDownLatch.make("sentinel-latch").pipe(withBackend(viaUrl))
+        assert.isTrue(yield* CountDownLatch.trySetCount(latchA, 2))
+        const awaiting = yield* Effect.fork(CountDownLatch.await(latchA, { timeout: "5 seconds" }))
+        yield* Effect.sleep(100)
+        yield* CountDownLatch.countDown(latchB)
+        yield* CountDownLatch.countDown(latchB)
+        const opened = nowMs()
+        yield* Fiber.join(awaiting)
+        assert.isBelow(nowMs() - opened, 500)
+        // the defaults sent WAITs (acknowledgement by the replicas); off, none was sent
+        const waits = (yield* callsOf(raw, "wait")) - waitsBefore
+        if (tuning === undefined) assert.isAbove(waits, 0, "grants were acknowledged by the replicas")
+        else assert.strictEqual(waits, 0, "replication: false sends no WAIT")
 
-      // a master name the sentinels do not know: one line, within the command timeout
-      const unknown = yield* Effect.exit(
-        Effect.scoped(Layer.build(RedisBackend.layerFrom(`${urlOf(topology).replace(/\/[^/]*$/, "")}/nope`, { commandTimeout: "500 millis" })))
-      ).pipe(Effect.provide(Logger.remove(Logger.defaultLogger)))
-      const error = Option.getOrThrow(typedFailure(unknown)) as BackendError
-      console.log(`[sentinel] unknown master name: ${error.message}`)
-      assert.include(error.message, "Redis master \"nope\" via sentinels 127.0.0.1:")
-      assert.include(error.message, "the sentinels know no master of that name")
-      assert.notInclude(error.message, "\n")
+        // a master name the sentinels do not know: one line, within the command timeout
+        const unknown = yield* Effect.exit(
+          Effect.scoped(Layer.build(RedisBackend.layerFrom(`${urlOf(topology).replace(/\/[^/]*$/, "")}/nope`, { ...tuning, commandTimeout: "500 millis" })))
+        ).pipe(Effect.provide(Logger.remove(Logger.defaultLogger)))
+        const error = Option.getOrThrow(typedFailure(unknown)) as BackendError
+        console.log(`[sentinel] unknown master name: ${error.message}`)
+        assert.include(error.message, "Redis master \"nope\" via sentinels 127.0.0.1:")
+        assert.include(error.message, "the sentinels know no master of that name")
+        assert.notInclude(error.message, "\n")
 
-      // sentinels that require a password of their own: `sentinelPassword` of the URL (percent-encoded)
-      const setSentinelPassword = (current: string | undefined, args: ReadonlyArray<string>) =>
-        Effect.forEach(topology.sentinelAddresses, (address) =>
-          Effect.acquireUseRelease(
-            Effect.sync(() => new Redis({ ...address, password: current, maxRetriesPerRequest: 1 })),
-            (client) => Effect.promise(() => client.call("ACL", "SETUSER", "default", ...args)),
-            (client) => Effect.sync(() => client.disconnect())
-          ))
-      const password = "s+p&w"
-      yield* Effect.acquireRelease(
-        setSentinelPassword(undefined, ["on", "resetpass", `>${password}`]),
-        () => setSentinelPassword(password, ["nopass"])
-      )
-      const withPassword = yield* backendFrom(
-        RedisBackend.layerFrom(`${urlOf(topology)}?sentinelPassword=${encodeURIComponent(password)}`)
-      )
-      assert.strictEqual((yield* withPassword.inspect("sentinel-auth")).holders.length, 0)
-      const refused = yield* Effect.exit(
-        Effect.scoped(Layer.build(RedisBackend.layerFrom(urlOf(topology), { commandTimeout: "500 millis" })))
-      ).pipe(Effect.provide(Logger.remove(Logger.defaultLogger)))
-      const refusal = (Option.getOrThrow(typedFailure(refused)) as BackendError).message
-      console.log(`[sentinel] sentinels that require a password, none given: ${refusal}`)
-      assert.include(refusal, "the sentinels refused the credentials (NOAUTH")
-      assert.deepStrictEqual(escaped, [])
-    }))
+        // sentinels that require a password of their own: `sentinelPassword` of the URL (percent-encoded)
+        const setSentinelPassword = (current: string | undefined, args: ReadonlyArray<string>) =>
+          Effect.forEach(topology.sentinelAddresses, (address) =>
+            Effect.acquireUseRelease(
+              Effect.sync(() => new Redis({ ...address, password: current, maxRetriesPerRequest: 1 })),
+              (client) => Effect.promise(() => client.call("ACL", "SETUSER", "default", ...args)),
+              (client) => Effect.sync(() => client.disconnect())
+            ))
+        const password = "s+p&w"
+        yield* Effect.acquireRelease(
+          setSentinelPassword(undefined, ["on", "resetpass", `>${password}`]),
+          () => setSentinelPassword(password, ["nopass"])
+        )
+        const withPassword = yield* backendFrom(
+          RedisBackend.layerFrom(`${urlOf(topology)}?sentinelPassword=${encodeURIComponent(password)}`, tuning)
+        )
+        assert.strictEqual((yield* withPassword.inspect("sentinel-auth")).holders.length, 0)
+        const refused = yield* Effect.exit(
+          Effect.scoped(Layer.build(RedisBackend.layerFrom(urlOf(topology), { ...tuning, commandTimeout: "500 millis" })))
+        ).pipe(Effect.provide(Logger.remove(Logger.defaultLogger)))
+        const refusal = (Option.getOrThrow(typedFailure(refused)) as BackendError).message
+        console.log(`[sentinel] sentinels that require a password, none given: ${refusal}`)
+        assert.include(refusal, "the sentinels refused the credentials (NOAUTH")
+        assert.deepStrictEqual(escaped, [])
+      }), 90_000)
+  }
 
-  it.scopedLive("nothing keeps the process alive once the backend closed, also with a sentinel down", () =>
+  it.scopedLive("nothing keeps the process alive once the backend closed, also with a sentinel down (quarantine off; replication off, and on by default)", () =>
     Effect.gen(function*() {
       const topology = yield* RedisSentinel.make()
       yield* topology.sentinels[0]!.kill
       const fixture = fileURLToPath(new URL("./fixtures/sentinelExit.ts", import.meta.url))
-      const { exitedAfterMs, reports, stdout } = yield* runChild(fixture, [urlOf(topology)])
-      assert.isAtLeast(reports.length, 8, stdout)
-      const failures: Array<string> = []
-      for (const report of reports) {
-        if (report.error !== undefined) failures.push(`${report.name}: ${report.error}`)
-        // far below ioredis's 2 s timers
-        if (report.left.length > 0 || report.settledMs >= 300) {
-          failures.push(`${report.name}: alive ${report.settledMs} ms after its scope closed (${report.left.join(", ")})`)
+      // the scenarios hold leases of a minute, which the default quarantine (30 s) refuses; with
+      // replication left to its default, the acknowledged connection must not keep the process either
+      for (const tuning of [off, { quarantine: false }] as const) {
+        const { exitedAfterMs, reports, stdout } = yield* runChild(fixture, [urlOf(topology), JSON.stringify(tuning)])
+        assert.isAtLeast(reports.length, 8, stdout)
+        const failures: Array<string> = []
+        for (const report of reports) {
+          if (report.error !== undefined) failures.push(`${report.name}: ${report.error}`)
+          // far below ioredis's 2 s timers
+          if (report.left.length > 0 || report.settledMs >= 300) {
+            failures.push(`${report.name}: alive ${report.settledMs} ms after its scope closed (${report.left.join(", ")})`)
+          }
         }
+        const slowest = Math.max(...reports.map((r) => r.settledMs))
+        console.log(
+          `[sentinel] exit ${JSON.stringify(tuning)}: ${reports.length} lock paths, slowest settled after ${slowest} ms; ` +
+            `exited ${exitedAfterMs} ms after the program ended`
+        )
+        if (exitedAfterMs >= 400) failures.push(`exited ${exitedAfterMs} ms after the program ended`)
+        assert.deepStrictEqual(failures, [], JSON.stringify(tuning))
       }
-      const slowest = Math.max(...reports.map((r) => r.settledMs))
-      console.log(`[sentinel] exit: ${reports.length} lock paths, slowest settled after ${slowest} ms; exited ${exitedAfterMs} ms after the program ended`)
-      if (exitedAfterMs >= 400) failures.push(`exited ${exitedAfterMs} ms after the program ended`)
-      assert.deepStrictEqual(failures, [])
     }))
 
-  it.scopedLive("planned failover while held (watchdog 3 s) with 3 waiters: the hold follows, waiters are woken on the new master", () =>
+  // the failovers below are about following the master; with the quarantine the waiters would
+  // wait 30 s after the promotion (failover.test.ts has the failover with the defaults)
+  it.scopedLive("planned failover while held (watchdog 3 s) with 3 waiters, replication and quarantine off: the hold follows, waiters are woken on the new master", () =>
     Effect.gen(function*() {
       const topology = yield* RedisSentinel.make()
       const history = yield* History.make
-      const a = timed(yield* backendFrom(RedisBackend.layerFrom(urlOf(topology))))
-      const b = timed(yield* backendFrom(RedisBackend.layerFrom(optionsOf(topology))))
+      const a = timed(yield* backendFrom(RedisBackend.layerFrom(urlOf(topology), off)))
+      const b = timed(yield* backendFrom(RedisBackend.layerFrom(optionsOf(topology), off)))
       const onA = History.instrument(history, a.service)
       const onB = History.instrument(history, b.service)
       const key = "sentinel-planned"
@@ -515,12 +555,12 @@ describe.runIf(runnable)("Redis backend through Sentinel", () => {
       assert.deepStrictEqual(escaped, [])
     }))
 
-  it.scopedLive("unplanned failover (master killed) while held (watchdog 6 s): the backends follow the promoted replica", () =>
+  it.scopedLive("unplanned failover (master killed) while held (watchdog 6 s), replication and quarantine off: the backends follow the promoted replica", () =>
     Effect.gen(function*() {
       const topology = yield* RedisSentinel.make()
       const history = yield* History.make
-      const a = timed(yield* backendFrom(RedisBackend.layerFrom(urlOf(topology))))
-      const b = timed(yield* backendFrom(RedisBackend.layerFrom(optionsOf(topology))))
+      const a = timed(yield* backendFrom(RedisBackend.layerFrom(urlOf(topology), off)))
+      const b = timed(yield* backendFrom(RedisBackend.layerFrom(optionsOf(topology), off)))
       const onA = History.instrument(history, a.service)
       const onB = History.instrument(history, b.service)
       const key = "sentinel-unplanned"
@@ -606,13 +646,15 @@ describe("reconnecting through sentinels", () => {
       // A waits on a sentinel as long as it takes (ioredis's own default): its reconnection is
       // still asking the paused sentinel when the others announce the switch, the moment at
       // which ioredis gave up on a connection for good. It also confirms with one replica, so
-      // its three connections (commands, subscriber, acknowledged) all go through it.
+      // its three connections (commands, subscriber, acknowledged) all go through it. No
+      // quarantine (on by default through sentinels): the waiters are granted on the promoted master at once.
       const a = timed(yield* backendFrom(RedisBackend.layerFrom(
         { ...optionsOf(topology), sentinelCommandTimeout: 60_000 },
-        { replication: { replicas: 1, timeout: "500 millis" } }
+        { replication: { replicas: 1, timeout: "500 millis" }, quarantine: false }
       )))
-      // B has the defaults of a URL: it asks the next sentinel once one leaves it unanswered
-      const b = timed(yield* backendFrom(RedisBackend.layerFrom(urlOf(topology))))
+      // B has the connection defaults of a URL: it asks the next sentinel once one leaves it
+      // unanswered (replication and quarantine off)
+      const b = timed(yield* backendFrom(RedisBackend.layerFrom(urlOf(topology), off)))
       const key = "sentinel-reconnect"
       const scene = yield* holdAndQueue(key, { watchdog: "6 seconds", waiterTimeout: "30 seconds" }, a.service, [
         a.service,
