@@ -78,10 +78,11 @@ local function quarantined_until(epoch, longest, now)
   local replid2 = string.match(info, 'master_replid2:(%w+)') or '0'
   local since = now
   if string.match(replid2, '^0+$') then
-    -- never promoted since it started: what it may have lost, it lost at its start (uptime is
-    -- rounded down to the second, so this start is never earlier than the true one)
+    -- never promoted since it started: what it may have lost, it lost at its start. Redis counts
+    -- uptime between two times cut to the second, which may overstate it by up to a second: the
+    -- start is taken a second later, so that it is never earlier than the true one
     local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')) or 0
-    since = now - up * 1000
+    since = now - up * 1000 + 1000
   end
   redis.call('SET', epoch, replid .. '|' .. fmt(since))
   return since + longest
