@@ -277,50 +277,50 @@ export const make = (
      */
     const acquireFailed = (cause: Error) => tracker.fail("acquire", cause)
 
-    const attempt = (request: LockBackend.AcquireRequest) =>
-      Effect.suspend(() => {
-        const keys = lock.acquire.keys(request.key, request.holder, longestLease)
-        const channel = keys[2]!
-        const code = wakeCode(request.holder)
-        // only a waiter on a subscription registers: a release may then wake it by its code
-        const register = !request.fair && wakeups.isWaiting(channel, request.holder, code)
-        if (register) {
-          // its entry in the waiters set, as the script writes it; noted before the call, so that a
-          // registration whose reply is lost is taken out too when the waiter gives up
-          wakeups.registered(channel, request.holder, code, lock.waiterMember(request, code))
+    /** One acquisition: call it when the effect runs (it notes the waiter's registration). */
+    const attempt = (request: LockBackend.AcquireRequest): ReturnType<LockBackend.Service["acquire"]> => {
+      const keys = lock.acquire.keys(request.key, request.holder, longestLease)
+      const channel = keys[2]!
+      const code = wakeCode(request.holder)
+      // only a waiter on a subscription registers: a release may then wake it by its code
+      const register = !request.fair && wakeups.isWaiting(channel, request.holder, code)
+      if (register) {
+        // its entry in the waiters set, as the script writes it; noted before the call, so that a
+        // registration whose reply is lost is taken out too when the waiter gives up
+        wakeups.registered(channel, request.holder, code, lock.waiterMember(request, code))
+      }
+      if (quarantine !== undefined) {
+        if (typeof quarantine === "string") return Effect.fail(new InvalidLockOptions({ field: "quarantine", reason: quarantine }))
+        if (request.leaseMs > quarantine) {
+          return Effect.fail(
+            new InvalidLockOptions({
+              field: "lease",
+              reason: `a lease of ${request.leaseMs}ms is longer than the Redis backend's quarantine.longestLease (${quarantine}ms), ` +
+                "which must cover every lease its server grants"
+            })
+          )
         }
-        if (quarantine !== undefined) {
-          if (typeof quarantine === "string") return Effect.fail(new InvalidLockOptions({ field: "quarantine", reason: quarantine }))
-          if (request.leaseMs > quarantine) {
-            return Effect.fail(
-              new InvalidLockOptions({
-                field: "lease",
-                reason: `a lease of ${request.leaseMs}ms is longer than the Redis backend's quarantine.longestLease (${quarantine}ms), ` +
-                  "which must cover every lease its server grants"
-              })
-            )
-          }
-        }
-        return Effect.flatMap(
-          // a grant is confirmed by the replicas (with `replication`); a failure here is a
-          // BackendError, after which the caller releases what the attempt may have been granted
-          runAcknowledged(
-            lock.acquire,
-            keys,
-            lock.acquire.args(request, code, register, longestLease),
-            "grant",
-            lock.acquire.wrote
-          ),
-          (reply) => lock.acquire.decode(reply, request, acquireFailed)
-        )
-      })
+      }
+      return Effect.flatMap(
+        // a grant is confirmed by the replicas (with `replication`); a failure here is a
+        // BackendError, after which the caller releases what the attempt may have been granted
+        runAcknowledged(
+          lock.acquire,
+          keys,
+          lock.acquire.args(request, code, register, longestLease),
+          "grant",
+          lock.acquire.wrote
+        ),
+        (reply) => lock.acquire.decode(reply, request, acquireFailed)
+      )
+    }
 
     // no grant from a server that may evict lock keys (unless accepted); nothing to wait for on
     // the usual path, where the eviction verdict is known
     const acquire = (request: LockBackend.AcquireRequest) =>
       Effect.suspend(() => {
         const first = evictionGuard.beforeAcquire()
-        return first === undefined ? attempt(request) : Effect.zipRight(first, attempt(request))
+        return first === undefined ? attempt(request) : Effect.zipRight(first, Effect.suspend(() => attempt(request)))
       })
 
     const release = (request: LockBackend.ReleaseRequest) =>
