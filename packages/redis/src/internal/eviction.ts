@@ -209,18 +209,10 @@ export const make = (
     } else if (atBuild._tag === "Right") {
       if (atBuild.right !== undefined) return yield* Effect.fail(tracker.fail("connect", atBuild.right.cause))
     } else {
-      const error = atBuild.left
-      // a server that answers with an error refuses INFO itself (renamed, or not in the ACL)
-      if (options.reachable || isReplyError(error.cause)) {
-        return yield* Effect.fail(tracker.fail(
-          "connect",
-          isReplyError(error.cause)
-            ? new Error(
-              `the server refuses INFO (${(error.cause as Error).message}), which lockstep needs to read its maxmemory-policy`,
-              { cause: error.cause }
-            )
-            : error.cause
-        ))
+      // a server that answers with an error refuses INFO itself (renamed, or not in the ACL): the
+      // error names it (descriptions.ts)
+      if (options.reachable || isReplyError(atBuild.left.cause)) {
+        return yield* Effect.fail(tracker.fail("connect", atBuild.left.cause))
       }
     }
 
