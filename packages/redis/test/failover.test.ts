@@ -25,7 +25,7 @@ import type { Service } from "@lockstep/core/LockBackend"
 import type { BackendError } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
 import { RedisSentinel } from "@lockstep/testkit"
-import { nowMs, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
+import { backendOn, call, eventually, nowMs, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis failover scenarios (failover.test.ts)")
 
@@ -118,6 +118,36 @@ describe.skipIf(!runnable)("Redis failover: the grant lost with its master", () 
           `A refused with "${refused.message}"; B granted ${Math.round(granted.at - promotedAt)} ms after the promotion, alone`
       )
     }).pipe(Effect.scoped), 150_000)
+
+  it.live("with the defaults on the master directly: replicas that dropped off are still waited for", () =>
+    Effect.gen(function*() {
+      const key = "failover:dropped"
+      const topology = yield* RedisSentinel.make()
+      const a = yield* backendOn(topology.primary.url, { commandTimeout: "1 second" })
+      const lock = yield* Lock.make(key, { lease: "1 second" }).pipe(withBackend(a))
+      yield* Effect.scoped(Lock.acquire(lock))
+      yield* topology.awaitSync()
+      yield* topology.cutReplication(0)
+      yield* topology.cutReplication(1)
+      // the cut closed the replicas' connections: the master no longer lists them
+      const probe = yield* rawClient(topology.primary.url)
+      yield* eventually("the master has dropped its replicas", Effect.map(call(probe, "INFO", "replication"), (info) => String(info).includes("connected_slaves:0")), 10_000)
+      // both attempts come after the backend has read the master again (a reading is at most a second old)
+      for (const attempt of [1, 2]) {
+        yield* Effect.sleep("1100 millis")
+        const refused = yield* Effect.flip(Effect.scoped(Lock.acquire(lock)))
+        assert.isTrue(RedisBackend.isReplicationNotAcknowledged(refused), `attempt ${attempt}: ${refused.message}`)
+        if (RedisBackend.isReplicationNotAcknowledged(refused)) {
+          assert.strictEqual(refused.cause.required, 2, `attempt ${attempt}: the replicas the master had`)
+        }
+      }
+      assert.isFalse(yield* Lock.isLocked(lock))
+      // once they are back, grants are acknowledged again
+      yield* topology.restoreReplication(0)
+      yield* topology.restoreReplication(1)
+      const lease = yield* Effect.scoped(Effect.map(Lock.acquire(lock), (lease) => lease.fence))
+      assert.isAbove(lease, 0)
+    }).pipe(Effect.scoped), 90_000)
 
   it.live("with both turned off: the promoted replica grants B while A's lease is valid (the double grant)", () =>
     Effect.gen(function*() {

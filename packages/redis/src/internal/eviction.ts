@@ -52,6 +52,8 @@ export interface Reading {
   readonly evictedKeys: number
   /** The replicas connected to it (`connected_slaves`; 0 on a replica). */
   readonly replicas: number
+  /** Which server process answered (`run_id`): another one after a restart or a failover. */
+  readonly runId: string
 }
 
 /** A field of an `INFO` reply (`name:value` lines), or undefined. */
@@ -69,7 +71,8 @@ export const readingOf = (server: string, info: string): Reading => ({
   maxmemory: Number(infoField(info, "maxmemory") ?? "0") || 0,
   policy: infoField(info, "maxmemory_policy") ?? "noeviction",
   evictedKeys: Number(infoField(info, "evicted_keys") ?? "0") || 0,
-  replicas: infoField(info, "role") === "master" ? Number(infoField(info, "connected_slaves") ?? "0") || 0 : 0
+  replicas: infoField(info, "role") === "master" ? Number(infoField(info, "connected_slaves") ?? "0") || 0 : 0,
+  runId: infoField(info, "run_id") ?? ""
 })
 
 /** Whether a server that reads so may evict a lock's key. */
@@ -93,8 +96,11 @@ export interface EvictionGuard {
    */
   readonly beforeAcquire: () => Effect.Effect<void, BackendError> | undefined
   /**
-   * The replicas connected to the server (on a single server or through sentinels) as last read:
-   * at build, after a reconnection and with the renewals and acquisitions that read it again.
+   * The most replicas the master (on a single server or through sentinels) has had connected
+   * since this backend first read it, or since another server process took its place (a restart
+   * or a failover). Read at build, after a reconnection and with the renewals and acquisitions
+   * that read it again. A replica that drops off stays counted: a grant it did not acknowledge
+   * could be lost if it were promoted.
    */
   readonly replicas: () => number
   /**
@@ -133,6 +139,8 @@ export const make = (
     let logged = ""
     let built = false
     let replicas = 0
+    /** The `run_id` of the master `replicas` counts for. */
+    let master: string | undefined
 
     const nodesOf = (): ReadonlyArray<Redis> => isCluster(client) ? client.nodes("master") : [client]
 
@@ -150,7 +158,9 @@ export const make = (
       // a cluster that has not connected yet knows no master: nothing to judge by
       if (nodes.length === 0) return yield* Effect.fail(tracker.fail("info", new Error("no cluster node is known yet")))
       const readings = yield* Effect.forEach(nodes, readNode, { concurrency: "unbounded" })
-      replicas = readings[0]!.replicas
+      const first = readings[0]!
+      replicas = first.runId === master ? Math.max(replicas, first.replicas) : first.replicas
+      master = first.runId
       const risky = readings.filter(mayEvict)
       for (const reading of readings) {
         const before = evicted.get(reading.server)

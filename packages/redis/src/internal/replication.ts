@@ -116,9 +116,11 @@ export const settingsOf = (tuning: Tuning | undefined): Either.Either<Settings |
 
 /**
  * The default acknowledgement (no `replication` given, on a replicated deployment): by every
- * replica the master has, as `replicas()` last read it (its `connected_slaves`), within the
- * default timeout. A replica that leaves the master stops being waited for once the master has
- * dropped it; one that is cut off but still connected is waited for, and grants fail meanwhile.
+ * replica the master has had (`replicas()`: the most its `connected_slaves` has shown since this
+ * backend first read it, or since a restart or failover replaced it), within the default timeout.
+ * A replica that drops off, cut off or restarting, is still waited for and grants fail meanwhile:
+ * counting only the connected ones would let a grant go unreplicated exactly when a stale replica
+ * may be promoted.
  */
 export const defaultSettings = (tuning: Tuning | undefined, replicas: () => number): Settings => {
   const timeout = defaultTimeout(commandTimeout(tuning))
