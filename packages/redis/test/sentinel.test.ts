@@ -33,6 +33,11 @@ warnIfNotRun("Redis Sentinel suite (sentinel.test.ts)")
 
 const escaped = trapRejections()
 
+// the exit of a whole process on a loaded 2-core machine took up to ~460 ms (as in exit.test.ts);
+// the bound stays below the shortest timer this must catch when one is left (an idle channel's
+// unsubscribe, 1 s; ioredis's sentinel and reconnect timers, 2 s)
+const exitBoundMs = 800
+
 /** `redis+sentinel://host:port,.../<name>` of a topology. */
 const urlOf = (topology: RedisSentinel.RedisSentinel, path = ""): string =>
   `redis+sentinel://${topology.sentinelAddresses.map((a) => `${a.host}:${a.port}`).join(",")}/${topology.name}${path}`
@@ -472,7 +477,7 @@ describe.runIf(runnable)("Redis backend through Sentinel", () => {
           `[sentinel] exit ${JSON.stringify(tuning)}: ${reports.length} lock paths, slowest settled after ${slowest} ms; ` +
             `exited ${exitedAfterMs} ms after the program ended`
         )
-        if (exitedAfterMs >= 400) failures.push(`exited ${exitedAfterMs} ms after the program ended`)
+        if (exitedAfterMs >= exitBoundMs) failures.push(`exited ${exitedAfterMs} ms after the program ended`)
         assert.deepStrictEqual(failures, [], JSON.stringify(tuning))
       }
     }))
