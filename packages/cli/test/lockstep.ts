@@ -5,9 +5,10 @@
  */
 import { spawn } from "node:child_process"
 import type { ChildProcess } from "node:child_process"
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs"
+import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from "node:fs"
+import { createRequire } from "node:module"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { dirname, join, sep } from "node:path"
 import { fileURLToPath } from "node:url"
 import { SqlClient } from "@effect/sql/SqlClient"
 import { PgClient } from "@effect/sql-pg"
@@ -25,10 +26,35 @@ export const tempDir = (): string => {
   return dir
 }
 
-/** The path of the bin, bundled into `dir` before the file's tests. */
-export const buildBin = (dir: string): string => {
-  const bin = join(dir, "lockstep.mjs")
+/**
+ * The path of the bin, bundled into `dir` before the file's tests. With `duplicateEffect`,
+ * `@lockstep/core` is bundled with a second copy of effect (the runtime and everything else keep
+ * the first): the install that gives every package its own copy, as `npm install -g` of the
+ * packages one by one did.
+ */
+export const buildBin = (dir: string, options?: { readonly duplicateEffect?: boolean }): string => {
+  const bin = join(dir, options?.duplicateEffect === true ? "lockstep-duplicated.mjs" : "lockstep.mjs")
   beforeAll(async () => {
+    const plugins: Array<esbuild.Plugin> = []
+    if (options?.duplicateEffect === true) {
+      const core = fileURLToPath(new URL("../../core/", import.meta.url))
+      const effect = dirname(createRequire(join(core, "package.json")).resolve("effect/package.json"))
+      const copy = join(dir, "second-effect")
+      cpSync(effect, join(copy, "node_modules", "effect"), { recursive: true, dereference: true })
+      // effect's own dependencies, where the store keeps them beside it
+      for (const name of readdirSync(dirname(effect))) {
+        if (name !== "effect") symlinkSync(join(dirname(effect), name), join(copy, "node_modules", name))
+      }
+      plugins.push({
+        name: "second-effect",
+        setup: (build) => {
+          build.onResolve({ filter: /^effect(\/|$)/ }, (args) =>
+            args.importer.startsWith(core) && !args.importer.includes(`${sep}node_modules${sep}`)
+              ? build.resolve(args.path, { kind: args.kind, resolveDir: copy })
+              : undefined)
+        }
+      })
+    }
     await esbuild.build({
       entryPoints: [entry],
       bundle: true,
@@ -39,6 +65,7 @@ export const buildBin = (dir: string): string => {
       // optional drivers the bundle loads only if present
       external: ["pg-native", "@effect/sql-sqlite-node", "better-sqlite3"],
       banner: { js: "import { createRequire as __createRequire } from \"node:module\"; const require = __createRequire(import.meta.url);" },
+      plugins,
       logLevel: "error"
     })
   })

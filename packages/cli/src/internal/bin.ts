@@ -22,8 +22,15 @@ const program = Effect.forkDaemon(Effect.interruptible(main(process.argv))).pipe
   Effect.provide(NodeContext.layer)
 )
 
+// The process exits as soon as the command line has ended, with its code, 0 included (the
+// runtime's own teardown leaves a 0 to the event loop, which ends only once nothing is pending).
+// By then the lock is released and the backend closed, and nothing is left to wait for; a timer
+// or a socket some library left behind must not hold the command's exit back. (The lease keeper
+// of @lockstep/core sleeps to its next renewal on a timer it unrefs once no hold is left, but
+// only on the live clock of its own copy of effect: where it runs on another copy, as in an
+// install that gives each package its own, its sleep kept lockstep alive up to a lease longer.)
 NodeRuntime.runMain(program, {
   disablePrettyLogger: true,
   disableErrorReporting: true,
-  teardown: (exit, onExit) => onExit(Exit.isSuccess(exit) && typeof exit.value === "number" ? exit.value : code ?? 1)
+  teardown: (exit) => process.exit(Exit.isSuccess(exit) && typeof exit.value === "number" ? exit.value : code ?? 1)
 })
