@@ -9,8 +9,8 @@
 // It first checks that the manifest's exports name exactly the public modules
 // (scripts/package-exports.mjs), and copies the repository's LICENSE in (gitignored copies).
 import { execFileSync } from "node:child_process"
-import { copyFileSync, cpSync, existsSync, readdirSync, rmSync, writeFileSync } from "node:fs"
-import { join, relative } from "node:path"
+import { copyFileSync, cpSync, existsSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
+import { dirname, join, relative } from "node:path"
 import { fileURLToPath } from "node:url"
 import * as esbuild from "esbuild"
 import { checkManifest } from "./package-exports.mjs"
@@ -37,9 +37,12 @@ const files = (at, suffix) =>
     .map((entry) => join(entry.parentPath, entry.name))
 const esm = join(dist, "esm")
 const cjs = join(dist, "cjs")
+const effectRange = manifest.peerDependencies?.effect ?? manifest.dependencies?.effect
+if (effectRange !== undefined) guardEffectImports(esm, effectRange)
 const modules = files(esm, ".js")
 esbuild.buildSync({
-  entryPoints: modules,
+  // the guard of effect's version is written for CommonJS on its own (writeEffectGuard)
+  entryPoints: modules.filter((module) => !module.endsWith(join("internal", "effect-guard.js"))),
   outdir: cjs,
   outbase: esm,
   format: "cjs",
@@ -55,6 +58,7 @@ esbuild.buildSync({
 // the declarations (and their maps, which point at ../../src as from dist/esm), beside the CommonJS
 cpSync(esm, cjs, { recursive: true, filter: (path) => !path.endsWith(".js") && !path.endsWith(".js.map") })
 writeFileSync(join(cjs, "package.json"), JSON.stringify({ type: "commonjs" }, null, 2) + "\n")
+if (effectRange !== undefined) writeEffectGuard(cjs, "cjs", effectRange)
 
 for (const [format, at] of [["esm", esm], ["cjs", cjs]]) {
   const count = files(at, ".js").length
@@ -70,3 +74,63 @@ copyFileSync(join(root, "LICENSE"), join(dir, "LICENSE"))
 console.log(
   `${manifest.name}: built ${expected.modules.length} public modules (${modules.length} in all) to ${relative(root, dist)}/esm and /cjs`
 )
+
+/**
+ * An application that loads another line of effect than the one we are built for (Effect 4, say,
+ * which npm installs by default) must get one clear error naming both versions, not Node's
+ * `does not provide an export named …`, which an ES module's named imports raise while the module
+ * graph is linked, before any of our code could run. So every module's imports from effect are
+ * rewritten to one namespace import of `effect`, taken from a guard module (internal/effect-guard.js)
+ * that checks the version when it is evaluated, which is before the module importing it runs;
+ * the names are then read from that namespace. Each rewrite stays on its line, so the source maps
+ * still hold. The declarations (.d.ts) are not touched.
+ */
+function guardEffectImports(esm, range) {
+  const guard = join(esm, "internal", "effect-guard.js")
+  const importLine = /^import (\{[^}]*\}|\* as (\w+)) from "effect(?:\/(\w+))?";$/gm
+  for (const file of files(esm, ".js")) {
+    const source = readFileSync(file, "utf8")
+    let first = true
+    const rewritten = source.replace(importLine, (_, what, namespace, module) => {
+      const from = module === undefined ? "effect$" : `effect$.${module}`
+      const binding = namespace !== undefined
+        ? `const ${namespace} = ${from};`
+        : `const ${what.replace(/\b(\w+) as (\w+)\b/g, "$1: $2")} = ${from};`
+      if (!first) return binding
+      first = false
+      let path = relative(dirname(file), guard).replaceAll("\\", "/")
+      if (!path.startsWith(".")) path = `./${path}`
+      return `import { effect as effect$ } from "${path}"; ${binding}`
+    })
+    if (rewritten !== source) writeFileSync(file, rewritten)
+  }
+  writeEffectGuard(esm, "esm", range)
+}
+
+/** The guard module of `importLine`'s rewrite, as an ES module or as CommonJS. */
+function writeEffectGuard(at, format, range) {
+  const [major, minor] = range.replace(/^\^/, "").split(".").map(Number)
+  const check = `
+const version = require("effect/package.json").version;
+const [major, minor] = version.split(".").map(Number);
+if (major !== ${major} || minor < ${minor}) {
+  let where = "";
+  try { where = " (from " + require.resolve("effect/package.json").replace(/[\\\\/]package\\.json$/, "") + ")"; } catch {}
+  throw new Error(
+    "${manifest.name} needs effect ${range} (the Effect ${major} line), but this application loaded effect " + version + where +
+      ": install effect@${range} beside it (npm install effect@${range})"
+  );
+}
+`
+  const source = format === "esm"
+    ? `// Checks the version of effect before any module of this package runs (see scripts/build-package.mjs)
+import { createRequire } from "node:module";
+import * as effect from "effect";
+const require = createRequire(import.meta.url);${check}export { effect };
+`
+    : `"use strict";
+// Checks the version of effect before any module of this package runs (see scripts/build-package.mjs)
+${check}exports.effect = require("effect");
+`
+  writeFileSync(join(at, "internal", "effect-guard.js"), source)
+}

@@ -166,4 +166,56 @@ cli_consumer() {
   (cd "$dir" && timeout 120 node cli.mjs)
 }
 cli_consumer
+
+# the README's Install lines, verbatim (taken from README.md: a drift fails here), run as a new user
+# runs them: in a new npm project that first did a plain `npm install effect` (npm's latest, Effect 4
+# today), beside a directory holding the tarballs as the README lays it out; the global line into a
+# prefix of the check's own (npm_config_prefix). Then the programs above and a vitest test file
+# (readme.test.mjs, the testing line's packages) run in that project
+readme_consumer() {
+  local base="$WORK/readme"
+  mkdir -p "$base/lockstep" "$base/app" "$base/global"
+  ln -s "$WORK/tarballs" "$base/lockstep/tarballs"
+  node -e '
+    const readme = require("node:fs").readFileSync(process.argv[1], "utf8")
+    const blocks = [...readme.matchAll(/^```sh\n([\s\S]*?)^```$/gm)].map((m) => m[1])
+    const install = blocks.filter((block) => block.startsWith("T=../lockstep/tarballs\n"))
+    if (install.length !== 1) { console.error(`README.md: ${install.length} Install blocks starting with T=../lockstep/tarballs, not 1`); process.exit(1) }
+    process.stdout.write(install[0])' "$ROOT/README.md" > "$base/install.sh"
+  echo "== README: a new project, npm install effect (unpinned)"
+  (cd "$base/app" && npm init -y >/dev/null && npm install --loglevel=error --no-audit --no-fund effect >/dev/null)
+  echo "npm install effect: effect@$(cd "$base/app" && node -p 'require("effect/package.json").version')"
+  echo "== README: the Install lines, verbatim"
+  sed 's/^/  /' "$base/install.sh"
+  (cd "$base/app" && npm_config_prefix="$base/global" npm_config_loglevel=error npm_config_audit=false npm_config_fund=false \
+    bash -euo pipefail "$base/install.sh" >/dev/null)
+  (cd "$base/app" && node -e '
+    const versions = ["effect", "ioredis", "ioredis-mock", "@effect/sql", "@effect/sql-pg", "vitest", "@effect/vitest"]
+      .map((name) => [name, require(name + "/package.json").version])
+    console.log(versions.map(([name, version]) => `${name}@${version}`).join("  "))
+    if (!versions[0][1].startsWith("3.")) { console.error("the README lines left effect " + versions[0][1]); process.exit(1) }')
+  cp scripts/consumer/program.mjs scripts/consumer/program.cjs scripts/consumer/readme.test.mjs "$base/app/"
+  (cd "$base/app" && timeout 120 node program.mjs && timeout 120 node program.cjs)
+  (cd "$base/app" && timeout 300 npx --no-install vitest run --reporter=dot readme.test.mjs 2>&1 | tail -n 5)
+  "$base/global/bin/lockstep" --help | grep -q "lockstep run" || { echo "the global lockstep: no help"; exit 1; }
+  echo "the global install: $base/global/bin/lockstep --help: ok"
+}
+readme_consumer
+
+# an application that loaded Effect 4 by mistake (peers not enforced) gets one line naming both
+# versions from lockstep, from an ES module and from CommonJS, not a missing export
+effect4_consumer() {
+  local dir="$WORK/consumer-effect4"
+  mkdir -p "$dir"
+  echo "== Effect 4 loaded by mistake"
+  (cd "$dir" && npm init -y >/dev/null && npm install --loglevel=error --no-audit --no-fund effect@^4 >/dev/null &&
+    npm install --loglevel=error --no-audit --no-fund --legacy-peer-deps "$WORK"/tarballs/lockstep-{core,memory}-*.tgz >/dev/null)
+  for program in 'import("@lockstep/memory")' 'require("@lockstep/memory")'; do
+    if (cd "$dir" && node -e "$program" >out.log 2>&1); then echo "$program: loaded under Effect 4"; exit 1; fi
+    local message
+    message=$(grep -m1 "needs effect" "$dir/out.log") || { cat "$dir/out.log"; exit 1; }
+    echo "$program: ${message#*Error: }"
+  done
+}
+effect4_consumer
 echo "consumer check: ok"
