@@ -61,9 +61,9 @@ const failing = <A, R>(effect: Effect.Effect<A, { readonly _tag: string; readonl
       : usage(error.message))
 
 /** `lockstep status KEY [--json]`. */
-export const status = (args: { readonly backend: Option.Option<string>; readonly key: string; readonly json: boolean }) =>
+export const status = (args: Backend.Target & { readonly key: string; readonly json: boolean }) =>
   Backend.provide(
-    args.backend,
+    args,
     failing(Effect.gen(function*() {
       const state = yield* inspect(args.key)
       yield* Console.log(args.json ? JSON.stringify(state, null, 2) : formatState(state))
@@ -72,7 +72,7 @@ export const status = (args: { readonly backend: Option.Option<string>; readonly
   )
 
 /** `lockstep release --force KEY`. */
-export const release = (args: { readonly backend: Option.Option<string>; readonly key: string; readonly force: boolean }) =>
+export const release = (args: Backend.Target & { readonly key: string; readonly force: boolean }) =>
   Effect.gen(function*() {
     if (!args.force) {
       return yield* Effect.fail(
@@ -80,7 +80,7 @@ export const release = (args: { readonly backend: Option.Option<string>; readonl
       )
     }
     return yield* Backend.provide(
-      args.backend,
+      args,
       failing(Effect.gen(function*() {
         const backend = yield* LockBackend
         const before = yield* backend.inspect(args.key)
@@ -99,9 +99,9 @@ export const release = (args: { readonly backend: Option.Option<string>; readonl
   })
 
 /** `lockstep latch set KEY N`. */
-export const latchSet = (args: { readonly backend: Option.Option<string>; readonly key: string; readonly count: number }) =>
+export const latchSet = (args: Backend.Target & { readonly key: string; readonly count: number }) =>
   Backend.provide(
-    args.backend,
+    args,
     failing(Effect.gen(function*() {
       const latch = yield* CountDownLatch.make(args.key)
       const set = yield* CountDownLatch.trySetCount(latch, args.count)
@@ -116,9 +116,9 @@ export const latchSet = (args: { readonly backend: Option.Option<string>; readon
   )
 
 /** `lockstep latch count-down KEY`: prints the count after. */
-export const latchCountDown = (args: { readonly backend: Option.Option<string>; readonly key: string }) =>
+export const latchCountDown = (args: Backend.Target & { readonly key: string }) =>
   Backend.provide(
-    args.backend,
+    args,
     failing(Effect.gen(function*() {
       const latch = yield* CountDownLatch.make(args.key)
       yield* Console.log(String(yield* CountDownLatch.countDown(latch)))
@@ -128,7 +128,7 @@ export const latchCountDown = (args: { readonly backend: Option.Option<string>; 
 
 /** `lockstep latch await KEY [--timeout D]`. */
 export const latchAwait = (
-  args: { readonly backend: Option.Option<string>; readonly key: string; readonly timeout: Option.Option<string> }
+  args: Backend.Target & { readonly key: string; readonly timeout: Option.Option<string> }
 ) =>
   Effect.gen(function*() {
     const timeout = Option.isNone(args.timeout)
@@ -139,7 +139,7 @@ export const latchAwait = (
       })
     const signals = yield* Signals
     return yield* Backend.provide(
-      args.backend,
+      args,
       failing(Effect.gen(function*() {
         const latch = yield* CountDownLatch.make(args.key)
         const waited = yield* Effect.raceFirst(

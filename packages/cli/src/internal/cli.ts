@@ -2,10 +2,11 @@
  * The `lockstep` command line on `@effect/cli`: the commands, their flags and help, and the exit
  * code each run ends with.
  */
+import { stripVTControlCharacters } from "node:util"
 import { Args, Command, HelpDoc, Options, ValidationError } from "@effect/cli"
 import type { CliApp } from "@effect/cli/CliApp"
 import type { CommandExecutor } from "@effect/platform/CommandExecutor"
-import { Console, Effect, Ref } from "effect"
+import { Config, Console, Effect, Ref } from "effect"
 import * as Admin from "./admin.js"
 import { schemes } from "./backend.js"
 import { CliFailure, ExitCodes, usage } from "./errors.js"
@@ -20,11 +21,24 @@ const backend = Options.text("backend").pipe(
   Options.optional,
   Options.withDescription(`The backend URL (default: $LOCKSTEP_BACKEND): ${schemes}.`)
 )
+const prefix = Options.text("prefix").pipe(
+  Options.optional,
+  Options.withDescription(
+    "Redis: the namespace of every key and channel, the client's keyPrefix (default: $LOCKSTEP_PREFIX), e.g. lockstep: for a user whose ACL allows ~lockstep:* &lockstep:*; on a Redis Cluster, hash-tag it ({lockstep}:). The other backends refuse it."
+  )
+)
+const acceptEviction = Options.boolean("accept-eviction").pipe(
+  Options.withDescription(
+    "Redis: run on a server whose maxmemory-policy may evict lock keys (refused otherwise), logging every evicted key."
+  )
+)
+/** The options every command takes: which backend, and how to use it. */
+const target = { backend, prefix, acceptEviction }
 const key = Args.text({ name: "KEY" }).pipe(Args.withDescription("The key of the lock (or latch)."))
 
 const runCommand = (exit: Ref.Ref<number>) =>
   Command.make("run", {
-    backend,
+    ...target,
     wait: Options.text("wait").pipe(
       Options.withAlias("w"),
       Options.optional,
@@ -73,7 +87,7 @@ const runCommand = (exit: Ref.Ref<number>) =>
 
 const statusCommand = (exit: Ref.Ref<number>) =>
   Command.make("status", {
-    backend,
+    ...target,
     json: Options.boolean("json").pipe(Options.withDescription("Print the state as JSON.")),
     key
   }, (args) => Effect.flatMap(Admin.status(args), (code) => Ref.set(exit, code))).pipe(
@@ -85,7 +99,7 @@ const statusCommand = (exit: Ref.Ref<number>) =>
 
 const releaseCommand = (exit: Ref.Ref<number>) =>
   Command.make("release", {
-    backend,
+    ...target,
     force: Options.boolean("force").pipe(Options.withDescription("Required: drop every holder of the key.")),
     key
   }, (args) => Effect.flatMap(Admin.release(args), (code) => Ref.set(exit, code))).pipe(
@@ -96,7 +110,7 @@ const releaseCommand = (exit: Ref.Ref<number>) =>
   )
 
 const latchSet = (exit: Ref.Ref<number>) =>
-  Command.make("set", { backend, key, count: Args.integer({ name: "COUNT" }) }, (args) =>
+  Command.make("set", { ...target, key, count: Args.integer({ name: "COUNT" }) }, (args) =>
     Effect.flatMap(Admin.latchSet(args), (code) => Ref.set(exit, code))).pipe(
       Command.withDescription(help("Set the latch's count (when it is 0); exits 1 if it is already counting.", [
         "lockstep latch set batch:7 3"
@@ -104,7 +118,7 @@ const latchSet = (exit: Ref.Ref<number>) =>
     )
 
 const latchCountDown = (exit: Ref.Ref<number>) =>
-  Command.make("count-down", { backend, key }, (args) =>
+  Command.make("count-down", { ...target, key }, (args) =>
     Effect.flatMap(Admin.latchCountDown(args), (code) => Ref.set(exit, code))).pipe(
       Command.withDescription(help("Take one off the latch's count and print the count after.", [
         "./part.sh && lockstep latch count-down batch:7"
@@ -113,7 +127,7 @@ const latchCountDown = (exit: Ref.Ref<number>) =>
 
 const latchAwait = (exit: Ref.Ref<number>) =>
   Command.make("await", {
-    backend,
+    ...target,
     timeout: Options.text("timeout").pipe(
       Options.optional,
       Options.withDescription(`Give up after this long (exit ${ExitCodes.timeout}). Default: wait forever.`)
@@ -138,10 +152,14 @@ const root = (exit: Ref.Ref<number>) =>
   Command.make("lockstep").pipe(
     Command.withSubcommands([runCommand(exit), statusCommand(exit), releaseCommand(exit), latchCommand(exit)]),
     Command.withDescription(help(
-      "Distributed locks on the command line: run a command under a lock held on Redis or a SQL database.",
+      "Distributed locks on the command line: run a command under a lock held on Redis (a single server, through Sentinel, or a Redis Cluster), PostgreSQL, MySQL or MariaDB, SQLite (with better-sqlite3 installed beside lockstep) or ZooKeeper.",
       [
         "lockstep run --backend redis://localhost:6379 nightly -- ./nightly.sh",
-        "LOCKSTEP_BACKEND=postgres://app@db/app lockstep status nightly"
+        "lockstep run -b redis://lockstep:secret@locks:6379 --prefix lockstep: nightly -- ./nightly.sh",
+        "LOCKSTEP_BACKEND=postgres://app@db/app lockstep status nightly",
+        "lockstep run -b mysql://app@db/app nightly -- ./nightly.sh",
+        "lockstep run -b sqlite:/var/lib/app/locks.db nightly -- ./nightly.sh",
+        "lockstep run -b zk://zk1:2181,zk2:2181/app nightly -- ./nightly.sh"
       ]
     ))
   )
@@ -149,6 +167,29 @@ const root = (exit: Ref.Ref<number>) =>
 /** `run` needs `--` before its command: what follows it is never read as lockstep's flags. */
 const missingSeparator = (args: ReadonlyArray<string>): boolean =>
   args[0] === "run" && !args.includes("--") && !args.some((arg) => arg === "--help" || arg === "-h")
+
+/**
+ * @effect/cli writes its help and its usage errors in colour: only to a terminal, and not with
+ * NO_COLOR set (https://no-color.org). Elsewhere (a pipe, a file) the escapes are taken out of
+ * what lockstep writes to the stream, stdout and stderr each by its own.
+ */
+const colourOnlyOnTerminals = <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+  Effect.gen(function*() {
+    const noColor = (yield* Effect.orElseSucceed(Config.string("NO_COLOR"), () => "")) !== ""
+    const colour = (stream: { readonly isTTY?: boolean | undefined }) => !noColor && stream.isTTY === true
+    const out = colour(process.stdout)
+    const err = colour(process.stderr)
+    if (out && err) return yield* effect
+    const plain = (args: ReadonlyArray<unknown>) =>
+      args.map((arg) => (typeof arg === "string" ? stripVTControlCharacters(arg) : arg))
+    return yield* Console.consoleWith((console) =>
+      Console.withConsole(effect, {
+        ...console,
+        log: (...args) => (out ? console.log(...args) : console.log(...plain(args))),
+        error: (...args) => (err ? console.error(...args) : console.error(...plain(args)))
+      })
+    )
+  })
 
 /** Runs the command line `argv` (as `process.argv`: the first two are node and the script) to its exit code. */
 export const main = (
@@ -163,6 +204,7 @@ export const main = (
     yield* Command.run(root(exit), { name: "lockstep", version })(argv)
     return yield* Ref.get(exit)
   }).pipe(
+    colourOnlyOnTerminals,
     Effect.catchAll((error) =>
       ValidationError.isValidationError(error)
         // @effect/cli printed what was wrong

@@ -29,8 +29,7 @@ export const kinds = ["lock", "fair", "read", "write", "semaphore"] as const
 export type Kind = (typeof kinds)[number]
 
 /** The parsed arguments of `run`. */
-export interface RunArgs {
-  readonly backend: Option.Option<string>
+export interface RunArgs extends Backend.Target {
   readonly key: string
   readonly command: ReadonlyArray<string>
   readonly wait: Option.Option<string>
@@ -197,7 +196,7 @@ export const run = (args: RunArgs): Effect.Effect<number, CliFailure, CommandExe
     const s = yield* settings(args)
     const signals = yield* Signals
     return yield* Backend.provide(
-      args.backend,
+      args,
       Effect.scoped(Effect.gen(function*() {
         const got = yield* Effect.raceFirst(
           Effect.map(acquire(args, s), Either.right),
