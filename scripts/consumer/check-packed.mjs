@@ -27,11 +27,24 @@ for (const file of ["LICENSE", "README.md", "dist/cjs/package.json", "src/index.
 }
 const files = execFileSync("tar", ["-tzf", tarball], { encoding: "utf8" }).trim().split("\n")
 if (files.some((file) => /\/test\/|\.test\.ts$|tsconfig|\.tsbuildinfo$/.test(file))) problems.push("tests or build configuration are packed")
+// @lockstep/cli installs as one program (npm install -g of its tarball alone): its bin is one
+// bundled file, and nothing it depends on may be a @lockstep package (they are not published)
+if (manifest.name === "@lockstep/cli") {
+  for (const [name, target] of Object.entries(manifest.bin ?? {})) {
+    if (!existsSync(join(dir, target))) problems.push(`bin ${name} (${target}) is not packed`)
+    else if (!/^dist\/bin\/[^/]+\.cjs$/.test(target.replace(/^\.\//, ""))) problems.push(`bin ${name} is not the bundle (${target})`)
+  }
+  if (!existsSync(join(dir, "dist/bin/THIRD-PARTY-LICENSES.txt"))) problems.push("dist/bin/THIRD-PARTY-LICENSES.txt is not packed")
+  const required = Object.keys({ ...manifest.dependencies, ...manifest.optionalDependencies })
+    .concat(Object.keys(manifest.peerDependencies ?? {}).filter((name) => manifest.peerDependenciesMeta?.[name]?.optional !== true))
+  const lockstep = required.filter((name) => name.startsWith("@lockstep/"))
+  if (lockstep.length > 0) problems.push(`an install would fetch ${lockstep.join(", ")}, which are not published`)
+}
 if (problems.length > 0) {
   console.error(`${manifest.name}: ${problems.join("; ")}`)
   process.exit(1)
 }
 const ranges = Object.entries({ ...manifest.dependencies, ...manifest.peerDependencies })
-  .map(([name, range]) => `${name} ${range}`)
+  .map(([name, range]) => `${name} ${range}${manifest.peerDependenciesMeta?.[name]?.optional === true ? " (optional)" : ""}`)
   .join(", ")
 console.log(`${manifest.name}@${manifest.version}: ${files.length} files; depends on ${ranges}`)

@@ -1,7 +1,8 @@
 // The packed @lockstep/cli as a user runs it (scripts/consumer-check.sh), in a project where the
 // tarballs were installed: `lockstep run` with plain node against a redis-server this starts on a
 // free loopback port, twice at once on one key (the second waits, the fences increase), with the
-// command's exit code and output passed through, and `--no-wait` on a held key.
+// command's exit code and output passed through, `--no-wait` on a held key, and an exit within a
+// second of the command's; and the library entry point, imported as a program of the project does.
 import { execFileSync, spawn } from "node:child_process"
 import { createServer } from "node:net"
 import { setTimeout as sleep } from "node:timers/promises"
@@ -64,5 +65,17 @@ if (refused.code !== 75 || refused.stdout !== "" || !/^lockstep: "held" is held 
   fail(`run --no-wait: exit ${refused.code}, ${JSON.stringify(refused)}`)
 }
 holding.kill("SIGTERM")
+
+// lockstep exits as soon as its command has ended and the lock is released, whatever the lease
+const lags = []
+for (const flags of [[], ["--lease", "5s"]]) {
+  const stamped = await lockstep(["run", "--backend", url, ...flags, "lag", "--", "node", "-e", "console.log(Date.now())"])
+  const lag = Date.now() - Number(stamped.stdout.trim())
+  if (stamped.code !== 0 || lag > 1_000) fail(`run ${flags.join(" ")}: exit ${stamped.code}, ${lag} ms after its command`)
+  lags.push(lag)
+}
+
+const { Cli } = await import("@lockstep/cli")
+if (typeof Cli.main !== "function" || Cli.ExitCode.conflict !== 75) fail("import of @lockstep/cli: no Cli.main or Cli.ExitCode")
 redis.kill("SIGTERM")
-console.log(`lockstep run: ok (fences ${a.fence} < ${b.fence}, exit code 3 passed through, --no-wait exits 75)`)
+console.log(`lockstep run: ok (fences ${a.fence} < ${b.fence}, exit code 3 passed through, --no-wait exits 75, exits ${lags.join(" and ")} ms after its command); import of @lockstep/cli: ok`)
