@@ -156,11 +156,11 @@ export const redisRuns = async (suite: string): Promise<boolean> => {
 }
 
 /** A `redis-server` of the file's own, stopped afterwards. */
-export const redisServer = (): { readonly get: () => RedisServer.RedisServer } => {
+export const redisServer = (options?: RedisServer.Options): { readonly get: () => RedisServer.RedisServer } => {
   const scope = Effect.runSync(Scope.make())
   let server: RedisServer.RedisServer | undefined
   beforeAll(async () => {
-    server = await Effect.runPromise(Scope.extend(RedisServer.make(), scope))
+    server = await Effect.runPromise(Scope.extend(RedisServer.make(options), scope))
   })
   afterAll(() => Effect.runPromise(Scope.close(scope, Exit.void)))
   return {
