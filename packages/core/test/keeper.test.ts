@@ -1,5 +1,5 @@
 import { assert, describe, it, vi } from "@effect/vitest"
-import { Duration, Effect, Either, FastCheck, Fiber, Layer, Option, TestClock } from "effect"
+import { Clock, Duration, Effect, Either, FastCheck, Fiber, Layer, Option, TestClock } from "effect"
 import { Lock } from "@lockstep/core"
 import { LockBackend, subscriptionOf } from "@lockstep/core/LockBackend"
 import type { RenewRequest, Service } from "@lockstep/core/LockBackend"
@@ -145,6 +145,40 @@ describe("awaitWakeUp", () => {
     }
     return { subscription, wakeAll, registered: () => resumers.size }
   }
+
+  it.live("on a clock that is not this copy of effect's live clock, no sleep is left pending once the last hold is gone", () =>
+    Effect.gen(function*() {
+      // a live clock of another copy of effect (an application whose packages each have their
+      // own), or any clock the keeper cannot unref the timer of: it counts the sleeps pending
+      let pending = 0
+      const live = yield* Effect.clock
+      const foreign: Clock.Clock = {
+        ...live,
+        [Clock.ClockTypeId]: Clock.ClockTypeId,
+        unsafeCurrentTimeMillis: () => live.unsafeCurrentTimeMillis(),
+        unsafeCurrentTimeNanos: () => live.unsafeCurrentTimeNanos(),
+        currentTimeMillis: live.currentTimeMillis,
+        currentTimeNanos: live.currentTimeNanos,
+        sleep: (duration) =>
+          Effect.suspend(() => {
+            pending++
+            return Effect.ensuring(live.sleep(duration), Effect.sync(() => pending--))
+          })
+      }
+      const backend = yield* MemoryBackend.make
+      yield* Effect.gen(function*() {
+        const lock = yield* Lock.make("foreign-clock", { watchdog: "9 seconds" })
+        // held a while, so that the keeper's loop goes to sleep until the next renewal
+        const hold = Effect.scoped(Effect.zipRight(Lock.acquire(lock), Effect.sleep("30 millis").pipe(Effect.withClock(live))))
+        yield* hold
+        yield* hold
+        // the keeper's sleep until the next renewal (3 s away) would keep the process alive
+        yield* Effect.sleep("20 millis").pipe(Effect.withClock(live))
+        assert.strictEqual(pending, 0, "sleeps left pending with no hold")
+        const lease = yield* Effect.scoped(Effect.map(Lock.acquire(lock), (lease) => lease.fence))
+        assert.isAbove(lease, 0, "a hold taken again is kept as before")
+      }).pipe(Effect.provideService(LockBackend, backend), Effect.withClock(foreign))
+    }))
 
   it.live("on the live clock: a wake-up ends the wait at once, and one that came first is taken at once", () =>
     Effect.gen(function*() {

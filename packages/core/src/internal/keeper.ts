@@ -222,7 +222,20 @@ const makeKeeper = (backend: Service): Keeper => {
       // the loop is left to its sleep: it ends there if nothing came since, and a hold taken
       // meanwhile (a lock taken again and again) needs no new fiber
       live--
-      if (live === 0) timer?.unref()
+      if (live > 0) return
+      if (timer !== undefined) {
+        timer.unref()
+      } else if (sleeper !== undefined) {
+        // a sleep on another clock (a TestClock, or the live clock of another copy of effect,
+        // as where each package has its own): its timer cannot be unreffed and would keep the
+        // process alive until the next renewal, so the loop ends now; the next hold starts one
+        const idle = sleeper
+        sleeper = undefined
+        sleepingUntil = Infinity
+        generation++
+        running = false
+        idle.unsafeInterruptAsFork(FiberId.none)
+      }
     }
   }
 }
