@@ -15,7 +15,10 @@
 #    public entry point but those on ioredis (@lockstep/redis, @lockstep/testkit/RedisMock) without
 #    Node's types in the program, to show our declarations need none.
 # 4. installs @lockstep/cli from its tarball into a project of its own and runs its `lockstep` bin:
-#    `npx lockstep --help`, and `lockstep run` with plain node against a real redis-server.
+#    `npx lockstep --help`, and `lockstep run` with plain node against a real redis-server; then
+#    installs it globally from its tarball alone (scripts/consumer/cli-global.sh);
+# 5. runs the README's Install block verbatim in a new project that first installed effect
+#    unpinned, and checks lockstep's refusal of Effect 4.
 # Any failure fails the check. LOCKSTEP_KEEP_CONSUMER=1 keeps the temporary directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -166,6 +169,8 @@ cli_consumer() {
   (cd "$dir" && timeout 120 node cli.mjs)
 }
 cli_consumer
+# and installed globally from its tarball alone, run over Redis and PostgreSQL, its exit timed
+bash scripts/consumer/cli-global.sh "$WORK/tarballs"
 
 # the README's Install lines, verbatim (taken from README.md: a drift fails here), run as a new user
 # runs them: in a new npm project that first did a plain `npm install effect` (npm's latest, Effect 4
