@@ -18,6 +18,7 @@
 import { afterAll, assert, beforeAll, describe, it, layer } from "@effect/vitest"
 import { Context, Duration, Effect, Either, Exit, Fiber, Layer, Option, Scope } from "effect"
 import calculateSlot from "cluster-key-slot"
+import type { Redis } from "ioredis"
 import { CountDownLatch, Lock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import type { RenewResult, Service } from "@lockstep/core/LockBackend"
@@ -77,6 +78,10 @@ const acquireOnce = (backend: Service, key: string, watchdog: Duration.DurationI
     return { exit, ms: nowMs() - start }
   })
 
+/** How many `WAIT`s the server `raw` is connected to has run (`INFO commandstats`). */
+const waitsOn = (raw: Redis) =>
+  Effect.map(Effect.promise(() => raw.info("commandstats")), (info) => Number(/^cmdstat_wait:calls=(\d+)/m.exec(info)?.[1] ?? 0))
+
 /** The typed error of a failed exit, as ReplicationNotAcknowledged; dies with what it was otherwise. */
 const expectNotAcknowledged = <A, E>(exit: Exit.Exit<A, E>) =>
   Effect.suspend(() => {
@@ -106,20 +111,50 @@ describe.runIf(runnable)("replica acknowledgement on a primary with two replicas
   layer(topology, { timeout: 120_000, excludeTestServices: true })("replication", (it) => {
     it.scoped("grants reach the required replicas before the acquisition returns (replicas 1 and 2)", () =>
       Effect.gen(function*() {
-        const { replicas } = yield* Topology
+        const sentinel = yield* Topology
+        const { primary, replicas } = sentinel
+        const raw = yield* rawClient(primary.url)
         for (const required of [1, 2]) {
-          // a generous timeout: this is not about timing, and a loaded machine's replicas lag
-          const backend = yield* replicated({ replicas: required, timeout: "900 millis" })
+          // a timeout long enough for a link restored below to catch up and acknowledge (the
+          // command timeout must be more than twice it)
+          const backend = yield* replicated({ replicas: required, timeout: "4500 millis" }, { commandTimeout: "10 seconds" })
           const key = `ack-grant-${required}`
           const lock = yield* Lock.make(key, { watchdog: "10 seconds" }).pipe(withBackend(backend))
-          const onReplicas = yield* Effect.scoped(
+          const waitsBefore = yield* waitsOn(raw)
+          const { grantedAt, onReplicas, restoredAt, startedAt } = yield* Effect.scoped(
             Effect.gen(function*() {
+              // on loopback a replica has a grant within a millisecond, WAIT or not: with both links
+              // cut, the grant cannot reach the required replicas until their links are restored,
+              // 300 ms after the acquisition starts, so it must not return before that
+              yield* cut(0, 1)
+              const restore = yield* Effect.fork(
+                Effect.zipRight(
+                  Effect.sleep("300 millis"),
+                  Effect.zipLeft(
+                    Effect.sync(nowMs),
+                    Effect.forEach(replicas.slice(0, required), (_, i) => Effect.orDie(sentinel.restoreReplication(i)), {
+                      concurrency: "unbounded"
+                    })
+                  )
+                )
+              )
+              const startedAt = nowMs()
               yield* Lock.acquire(lock)
+              const grantedAt = nowMs()
               // asked at once: WAIT returned only once the replicas had the grant
-              return yield* Effect.forEach(replicas, (replica) => existsOn(replica, key))
+              const onReplicas = yield* Effect.forEach(replicas, (replica) => existsOn(replica, key))
+              const restoredAt = yield* Fiber.join(restore)
+              return { grantedAt, onReplicas, restoredAt, startedAt }
             })
           )
-          assert.isAtLeast(onReplicas.filter(Boolean).length, required, `replicas with the grant: ${onReplicas}`)
+          const timeline = `acquisition started, links restored from ${Math.round(restoredAt - startedAt)} ms, granted at ${
+            Math.round(grantedAt - startedAt)
+          } ms; replicas with the grant: ${onReplicas}`
+          console.log(`[replication] replicas ${required}: ${timeline}`)
+          assert.isAbove(grantedAt, restoredAt, `the acquisition returned before the links were restored: ${timeline}`)
+          assert.isAtLeast(onReplicas.filter(Boolean).length, required, timeline)
+          // the server ran the WAITs (the acquisition, and the release of that grant needs none)
+          assert.isAbove((yield* waitsOn(raw)) - waitsBefore, 0, "WAIT calls on the primary")
           // re-entrant grants and releases work as usual
           const count = yield* Effect.scoped(
             Effect.gen(function*() {
