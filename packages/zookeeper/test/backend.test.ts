@@ -13,7 +13,10 @@ import { serverForFile } from "./fixtures/server.js"
 
 const server = await serverForFile("ZooKeeper backend suite")
 
-/** The children of `path`, read with a client of the test's own. */
+/**
+ * The children of `path`, read with a client of the test's own: none when the node does not exist
+ * (NO_NODE); any other error fails the test, so that a read that failed never passes for "empty".
+ */
 const children = (path: string) =>
   Effect.acquireUseRelease(
     Effect.async<Zk.Client>((resume) => {
@@ -23,7 +26,11 @@ const children = (path: string) =>
     }),
     (client) =>
       Effect.async<ReadonlyArray<string>>((resume) =>
-        client.getChildren(path, (error, names) => resume(Effect.succeed(error ? [] : names)))
+        client.getChildren(path, (error, names) => {
+          if (error && "code" in error && error.code === Zk.Exception.NO_NODE) resume(Effect.succeed([]))
+          else if (error) resume(Effect.die(error))
+          else resume(Effect.succeed(names))
+        })
       ),
     (client) => Effect.sync(() => client.close())
   )
