@@ -53,10 +53,21 @@ describe.runIf(server !== undefined)("ZooKeeper backend", () => {
       assert.isBelow(Date.now() - started, 5_000)
     }))
 
-  it.scopedLive("a connection string with no host fails the layer at once", () =>
+  it.scopedLive("a connection string with no host fails the layer at once with BackendError(connect)", () =>
     Effect.gen(function*() {
+      const started = Date.now()
       const exit = yield* Effect.exit(Layer.build(ZooKeeperBackend.layerFrom("zk://")))
-      assert.isTrue(Exit.isFailure(exit))
+      const took = Date.now() - started
+      // a typed failure: a defect (a TypeError, say) is not one
+      const error = Option.getOrThrowWith(
+        Exit.isFailure(exit) ? Cause.failureOption(exit.cause) : Option.none(),
+        () => new Error(`expected a typed failure, got ${Exit.isFailure(exit) ? Cause.pretty(exit.cause) : "a backend"}`)
+      )
+      assert.strictEqual(error._tag, "BackendError")
+      assert.strictEqual(error.operation, "connect")
+      assert.include(error.message, "names no host")
+      // at once: no connection attempt, no connect timeout (the default is seconds)
+      assert.isBelow(took, 500, `failed after ${took} ms`)
     }))
 
   it.scopedLive("nodes live under the namespace, named after the key and the holder; an unused key's node is swept", () =>
