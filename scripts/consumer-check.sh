@@ -110,6 +110,11 @@ consumer() {
   (cd "$dir" && node -e 'require("dotenv"); require("@effect/sql"); console.log("dotenv and @effect/sql resolve after it")')
   echo "== ioredis $ioredis: plain node, ES module and CommonJS"
   (cd "$dir" && timeout 120 node program.mjs && timeout 120 node program.cjs)
+  # and on the other Node versions CI tests (LOCKSTEP_CONSUMER_NODE_BINS: their bin directories)
+  for bin in ${LOCKSTEP_CONSUMER_NODE_BINS:-}; do
+    echo "== ioredis $ioredis: node $("$bin/node" --version), ES module and CommonJS"
+    (cd "$dir" && PATH="$bin:$PATH" timeout 120 node program.mjs && PATH="$bin:$PATH" timeout 120 node program.cjs)
+  done
   echo "== ioredis $ioredis: tsc"
   tsconfig node16 node16 es2022 consumer.ts consumer.mts > "$dir/tsconfig.node16.json"
   tsconfig esnext bundler es2022 consumer.ts > "$dir/tsconfig.bundler.json"
@@ -167,6 +172,10 @@ cli_consumer() {
   echo "npx lockstep --help: ok"
   (cd "$dir" && npx --no-install lockstep run --help | grep -q "EXAMPLES") || { echo "npx lockstep run --help: no examples"; exit 1; }
   (cd "$dir" && timeout 120 node cli.mjs)
+  for bin in ${LOCKSTEP_CONSUMER_NODE_BINS:-}; do
+    echo "== @lockstep/cli: node $("$bin/node" --version)"
+    (cd "$dir" && PATH="$bin:$PATH" timeout 120 node cli.mjs)
+  done
 }
 cli_consumer
 # and installed globally from its tarball alone, run over Redis and PostgreSQL, its exit timed
