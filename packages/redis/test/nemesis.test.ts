@@ -32,7 +32,7 @@ import type { WriteAttempt } from "./fixtures/fencedResource.js"
 import type { FaultKind, PhaseConfig, PhaseResult } from "./fixtures/nemesis.js"
 import { MORE_STOPS, runPhase } from "./fixtures/nemesis.js"
 import type { LeaseRecord } from "./fixtures/nemesisHistory.js"
-import { checkFences, judgeWrites, overlaps } from "./fixtures/nemesisHistory.js"
+import { checkFences, checkWrites, describeLease, judgeWrites, overlaps } from "./fixtures/nemesisHistory.js"
 import { runnable, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis nemesis suite (nemesis.test.ts)")
@@ -88,9 +88,6 @@ const countBy = <A>(items: ReadonlyArray<A>, key: (a: A) => string): Record<stri
 
 const round = (n: number) => Math.round(n)
 
-const describeLease = (lease: LeaseRecord, origin: number) =>
-  `${lease.client} ${lease.holder.slice(-6)} fence ${lease.fence} [${round(lease.grant - origin)}, ${round(lease.end - origin)}) ${lease.how}`
-
 /** The summary of one phase, and every check it fails (empty: all passed). */
 const judge = (result: PhaseResult, escapedHere: ReadonlyArray<string>) => {
   const { config } = result
@@ -117,23 +114,7 @@ const judge = (result: PhaseResult, escapedHere: ReadonlyArray<string>) => {
   const writes = judgeWrites(result.attempts, result.leases)
   const rejected = result.attempts.filter((a) => !a.accepted)
   const accepted = result.attempts.length - rejected.length
-  if (writes.staleAccepted.length > 0) {
-    const first = writes.staleAccepted[0]!
-    fail(
-      "stale writes",
-      `${writes.staleAccepted.length} of ${writes.stale.length} stale writes accepted (first: token ${first.attempt.token} of ` +
-        `${describeLease(first.lease, origin)} at ${round(first.attempt.at - origin)}ms, after a write of ` +
-        `${describeLease(first.supersededBy, origin)})`
-    )
-  }
-  if (writes.stale.length === 0) {
-    fail("stale writes", `no stale write was made (${result.moreStops} more stops aimed at a section): nothing for the check to judge`)
-  }
-  if (writes.unmatched.length > 0) {
-    const first = writes.unmatched[0]!
-    fail("harness", `${writes.unmatched.length} writes whose token is not their holder's fence (first: ${first.holder} token ${first.token})`)
-  }
-  if (result.malformed.length > 0) fail("harness", `${result.malformed.length} malformed writes: ${result.malformed[0]}`)
+  checkWrites(writes, result, origin, fail)
 
   // 3. overlapping valid leases
   const found = overlaps(result.leases, result.losses, config.watchdogMs)

@@ -41,8 +41,8 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { SentinelFault, SentinelFaultKind, SentinelPhaseConfig, SentinelPhaseResult } from "./fixtures/nemesisSentinel.js"
 import { failoverKinds, faultKinds, MORE_STOPS, runSentinelPhase } from "./fixtures/nemesisSentinel.js"
-import type { LeaseRecord, Overlap } from "./fixtures/nemesisHistory.js"
-import { checkFences, judgeWrites, overlaps } from "./fixtures/nemesisHistory.js"
+import type { Overlap } from "./fixtures/nemesisHistory.js"
+import { checkFences, checkWrites, describeLease, judgeWrites, overlaps } from "./fixtures/nemesisHistory.js"
 import { runnable, trapRejections, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis Sentinel nemesis suite (nemesisSentinel.test.ts)")
@@ -111,11 +111,6 @@ const countBy = <A>(items: ReadonlyArray<A>, key: (a: A) => string): Record<stri
 }
 
 const round = (n: number) => Math.round(n)
-
-const describeLease = (lease: LeaseRecord, origin: number) =>
-  `${lease.client} ${lease.holder.slice(-6)} fence ${lease.fence} [${round(lease.grant - origin)}, ${
-    round(lease.end - origin)
-  }) ${lease.how}`
 
 const describeFault = (fault: SentinelFault, origin: number) =>
   `${round(fault.start - origin)}ms ${fault.kind} ${fault.target ?? ""}` +
@@ -196,23 +191,7 @@ const judge = (phaseOf: Phase, result: SentinelPhaseResult, escapedHere: Readonl
   // 2. stale writes
   const writes = judgeWrites(result.attempts, result.leases)
   const rejected = result.attempts.filter((a) => !a.accepted)
-  if (writes.staleAccepted.length > 0) {
-    const first = writes.staleAccepted[0]!
-    fail(
-      "stale writes",
-      `${writes.staleAccepted.length} of ${writes.stale.length} stale writes accepted (first: token ${first.attempt.token} of ` +
-        `${describeLease(first.lease, origin)} at ${round(first.attempt.at - origin)}ms, after a write of ` +
-        `${describeLease(first.supersededBy, origin)})`
-    )
-  }
-  if (writes.stale.length === 0) {
-    fail("stale writes", `no stale write was made (${result.moreStops} more stops aimed at a section): nothing for the check to judge`)
-  }
-  if (writes.unmatched.length > 0) {
-    const first = writes.unmatched[0]!
-    fail("harness", `${writes.unmatched.length} writes whose token is not their holder's fence (first: ${first.holder} token ${first.token})`)
-  }
-  if (result.malformed.length > 0) fail("harness", `${result.malformed.length} malformed writes: ${result.malformed[0]}`)
+  checkWrites(writes, result, origin, fail)
 
   // 3. overlapping valid leases (no data-loss event excuses any here)
   const found = overlaps(result.leases, [], config.watchdogMs)
