@@ -50,9 +50,16 @@ export interface Reading {
   readonly maxmemory: number
   readonly policy: string
   readonly evictedKeys: number
-  /** The replicas connected to it (`connected_slaves`; 0 on a replica). */
-  readonly replicas: number
-  /** Which server process answered (`run_id`): another one after a restart or a failover. */
+  /**
+   * The replicas connected to it, by address (`slaveN:ip=…,port=…`; none on a replica). A client
+   * that only takes a snapshot (`redis-cli --rdb`, listed with port 0) is not one: it never
+   * acknowledges a write.
+   */
+  readonly replicas: ReadonlyArray<string>
+  /**
+   * Which server process answered (`run_id`, or its replication id where `run_id` is hidden):
+   * another one after a restart or a failover.
+   */
   readonly runId: string
 }
 
@@ -71,9 +78,20 @@ export const readingOf = (server: string, info: string): Reading => ({
   maxmemory: Number(infoField(info, "maxmemory") ?? "0") || 0,
   policy: infoField(info, "maxmemory_policy") ?? "noeviction",
   evictedKeys: Number(infoField(info, "evicted_keys") ?? "0") || 0,
-  replicas: infoField(info, "role") === "master" ? Number(infoField(info, "connected_slaves") ?? "0") || 0 : 0,
-  runId: infoField(info, "run_id") ?? ""
+  replicas: infoField(info, "role") === "master" ? replicasListed(info) : [],
+  runId: infoField(info, "run_id") || infoField(info, "master_replid") || ""
 })
+
+/** The addresses of the replicas an `INFO replication` lists, but those with no listening port. */
+export const replicasListed = (info: string): ReadonlyArray<string> => {
+  const out: Array<string> = []
+  for (const line of info.matchAll(/^slave\d+:(.*)$/gm)) {
+    const fields = new Map(line[1]!.trim().split(",").map((field) => field.split("=", 2) as [string, string]))
+    const port = Number(fields.get("port"))
+    if (port > 0) out.push(`${fields.get("ip") ?? ""}:${port}`)
+  }
+  return out
+}
 
 /** Whether a server that reads so may evict a lock's key. */
 export const mayEvict = (reading: Reading): boolean => reading.maxmemory > 0 && reading.policy !== "noeviction"
@@ -96,11 +114,11 @@ export interface EvictionGuard {
    */
   readonly beforeAcquire: () => Effect.Effect<void, BackendError> | undefined
   /**
-   * The most replicas the master (on a single server or through sentinels) has had connected
-   * since this backend first read it, or since another server process took its place (a restart
-   * or a failover). Read at build, after a reconnection and with the renewals and acquisitions
-   * that read it again. A replica that drops off stays counted: a grant it did not acknowledge
-   * could be lost if it were promoted.
+   * How many replicas (by address) the master, on a single server or through sentinels, has had
+   * connected since this backend first read it, or since another server process took its place
+   * (a restart or a failover). Read at build, after a reconnection and with the renewals and
+   * acquisitions that read it again. A replica that drops off stays counted: a grant it did not
+   * acknowledge could be lost if it were promoted.
    */
   readonly replicas: () => number
   /**
@@ -138,8 +156,8 @@ export const make = (
     /** The servers whose risk was last logged, so that a risk is logged once, not per reading. */
     let logged = ""
     let built = false
-    let replicas = 0
-    /** The `run_id` of the master `replicas` counts for. */
+    /** The replicas the master has had (addresses), and the server process they were read from. */
+    let replicas = new Set<string>()
     let master: string | undefined
 
     const nodesOf = (): ReadonlyArray<Redis> => isCluster(client) ? client.nodes("master") : [client]
@@ -159,8 +177,9 @@ export const make = (
       if (nodes.length === 0) return yield* Effect.fail(tracker.fail("info", new Error("no cluster node is known yet")))
       const readings = yield* Effect.forEach(nodes, readNode, { concurrency: "unbounded" })
       const first = readings[0]!
-      replicas = first.runId === master ? Math.max(replicas, first.replicas) : first.replicas
+      if (first.runId !== master) replicas = new Set()
       master = first.runId
+      for (const replica of first.replicas) replicas.add(replica)
       const risky = readings.filter(mayEvict)
       for (const reading of readings) {
         const before = evicted.get(reading.server)
@@ -253,7 +272,7 @@ export const make = (
         if (isStale(now.at)) void start()
         return now.refused === undefined ? undefined : Effect.fail(now.refused)
       },
-      replicas: () => replicas,
+      replicas: () => replicas.size,
       // a renewal period is seconds long: every renewal reads (or joins a reading in flight)
       touch: () => void start()
     }

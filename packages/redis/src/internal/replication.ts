@@ -116,11 +116,11 @@ export const settingsOf = (tuning: Tuning | undefined): Either.Either<Settings |
 
 /**
  * The default acknowledgement (no `replication` given, on a replicated deployment): by every
- * replica the master has had (`replicas()`: the most its `connected_slaves` has shown since this
+ * replica the master has had (`replicas()`: the replicas, by address, it has listed since this
  * backend first read it, or since a restart or failover replaced it), within the default timeout.
- * A replica that drops off, cut off or restarting, is still waited for and grants fail meanwhile:
- * counting only the connected ones would let a grant go unreplicated exactly when a stale replica
- * may be promoted.
+ * A replica that drops off, cut off or restarting, is still waited for: grants fail and renewals
+ * are not confirmed meanwhile. Counting only the connected ones would let a grant go unreplicated
+ * exactly when a stale replica may be promoted.
  */
 export const defaultSettings = (tuning: Tuning | undefined, replicas: () => number): Settings => {
   const timeout = defaultTimeout(commandTimeout(tuning))
