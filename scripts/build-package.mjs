@@ -107,30 +107,44 @@ function guardEffectImports(esm, range) {
   writeEffectGuard(esm, "esm", range)
 }
 
-/** The guard module of `importLine`'s rewrite, as an ES module or as CommonJS. */
+/**
+ * The guard module of `importLine`'s rewrite, as an ES module or as CommonJS. It reads effect's
+ * version from its package.json where Node's require can (not in a bundle without node_modules,
+ * nor in a browser: there it judges by effect's modules alone), and refuses another line of effect.
+ */
 function writeEffectGuard(at, format, range) {
   const [major, minor] = range.replace(/^\^/, "").split(".").map(Number)
   const check = `
-const version = require("effect/package.json").version;
-const [major, minor] = version.split(".").map(Number);
-if (major !== ${major} || minor < ${minor}) {
-  let where = "";
-  try { where = " (from " + require.resolve("effect/package.json").replace(/[\\\\/]package\\.json$/, "") + ")"; } catch {}
+let version, where = "";
+try {
+  version = requireHere("effect/package.json").version;
+  where = " (from " + requireHere.resolve("effect/package.json").replace(/[\\\\/]package\\.json$/, "") + ")";
+} catch {}
+const [major, minor] = (version ?? "").split(".").map(Number);
+// Effect ${major} has these modules; the next line has neither
+const line = typeof effect.Context === "object" && typeof effect.Either === "object";
+if (version !== undefined ? major !== ${major} || minor < ${minor} : !line) {
   throw new Error(
-    "${manifest.name} needs effect ${range} (the Effect ${major} line), but this application loaded effect " + version + where +
+    "${manifest.name} needs effect ${range} (the Effect ${major} line), but this application loaded " +
+      (version !== undefined ? "effect " + version + where : "another line of effect (it has no Context or Either module)") +
       ": install effect@${range} beside it (npm install effect@${range})"
   );
 }
 `
   const source = format === "esm"
     ? `// Checks the version of effect before any module of this package runs (see scripts/build-package.mjs)
-import { createRequire } from "node:module";
 import * as effect from "effect";
-const require = createRequire(import.meta.url);${check}export { effect };
+// Node's require, without importing node:module (a browser bundle has none)
+let requireHere;
+try {
+  requireHere = globalThis.process?.getBuiltinModule?.("node:module")?.createRequire(import.meta.url);
+} catch {}
+requireHere ??= () => { throw new Error("no require"); };${check}export { effect };
 `
     : `"use strict";
 // Checks the version of effect before any module of this package runs (see scripts/build-package.mjs)
-${check}exports.effect = require("effect");
+const effect = require("effect");
+const requireHere = require;${check}exports.effect = effect;
 `
   writeFileSync(join(at, "internal", "effect-guard.js"), source)
 }
