@@ -28,9 +28,17 @@ const program = Effect.forkDaemon(Effect.interruptible(main(process.argv))).pipe
 // or a socket some library left behind must not hold the command's exit back. (The lease keeper
 // of @lockstep/core sleeps to its next renewal on a timer it unrefs once no hold is left, but
 // only on the live clock of its own copy of effect: where it runs on another copy, as in an
-// install that gives each package its own, its sleep kept lockstep alive up to a lease longer.)
+// install that gives each package its own, its sleep kept lockstep alive up to a lease longer;
+// it now ends its loop then.) What lockstep wrote is flushed first: on a pipe or a socket Node
+// may still hold it (an empty write's callback runs once everything before it is out).
+// A reader that never reads does not keep lockstep from exiting for more than a few seconds.
+const exitWith = (status: number) => {
+  setTimeout(() => process.exit(status), 5_000).unref()
+  process.stdout.write("", () => process.stderr.write("", () => process.exit(status)))
+}
+
 NodeRuntime.runMain(program, {
   disablePrettyLogger: true,
   disableErrorReporting: true,
-  teardown: (exit) => process.exit(Exit.isSuccess(exit) && typeof exit.value === "number" ? exit.value : code ?? 1)
+  teardown: (exit) => exitWith(Exit.isSuccess(exit) && typeof exit.value === "number" ? exit.value : code ?? 1)
 })
