@@ -4,6 +4,7 @@
  * to a scope here, or to a body in `criticalSection.ts`.
  */
 import { Cause, Clock, Context, DefaultServices, Duration, Effect, Exit, FiberRef, GlobalValue, Option, Schedule, Scope, Tracer } from "effect"
+import type { Fiber } from "effect"
 import type { Lease } from "../Lease.js"
 import type { AcquireRequest, AcquireResult } from "../LockBackend.js"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported, SelfDeadlock } from "../LockError.js"
@@ -88,18 +89,24 @@ export const takeGrant = (
   restore: Restore
 ): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
   /** The attempts, timed on the fiber's clock and observed (with `span`, if any) when they end. */
-  const observed = (span: Tracer.Span | undefined): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
-    Effect.withFiberRuntime((fiber) => {
-      const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
-      const startedAt = clock.unsafeCurrentTimeNanos()
-      return Effect.onExit(
-        grantWithRetry(spec, permits, timeoutMs, retry, restore),
-        (exit) => Effect.sync(() => observeAcquisition(spec, span, exit, startedAt, clock.unsafeCurrentTimeNanos()))
-      )
+  const observedOn = (
+    fiber: Fiber.RuntimeFiber<unknown, unknown>,
+    span: Tracer.Span | undefined
+  ): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
+    const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+    const startedAt = clock.unsafeCurrentTimeNanos()
+    // the caller runs this uninterruptibly (only `restore` is interruptible): observing the
+    // exit needs no `onExit` of its own, which would mask interruption once more
+    return Effect.flatMap(Effect.exit(grantWithRetry(spec, permits, timeoutMs, retry, restore)), (exit) => {
+      observeAcquisition(spec, span, exit, startedAt, clock.unsafeCurrentTimeNanos())
+      return exit
     })
+  }
+  const observed = (span: Tracer.Span): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
+    Effect.withFiberRuntime((fiber) => observedOn(fiber, span))
   return Effect.withFiberRuntime((fiber) =>
     Context.get(fiber.currentDefaultServices, Tracer.Tracer) === nativeTracer
-      ? observed(undefined)
+      ? observedOn(fiber, undefined)
       : Effect.useSpan(
         "lockstep.acquire",
         {

@@ -2,7 +2,9 @@
  * Critical sections: a body run under leases in a fiber of its own, interrupted when a hold is
  * lost, and the leases released once its scope closed.
  */
-import { Cause, Context, Effect, Equal, Exit, Fiber, FiberId, FiberRef, Option, RuntimeFlags, RuntimeFlagsPatch, Scope } from "effect"
+import { Cause, Context, Effect, Equal, ExecutionStrategy, Exit, Fiber, FiberId, FiberRef, FiberRefs, Option, Runtime, RuntimeFlags, RuntimeFlagsPatch, Scope } from "effect"
+import type * as Arr from "effect/Array"
+import { pipeArguments } from "effect/Pipeable"
 import type { Lease } from "../Lease.js"
 import type { LockLost, LockTimeout } from "../LockError.js"
 import type { AttemptError } from "./acquisition.js"
@@ -14,6 +16,59 @@ import { recordOf } from "./lease.js"
 import type { Body, LockSpec, Restore, Retry } from "./spec.js"
 
 /**
+ * The body's scope: a scope of Effect's own, made when the body first uses it (most bodies never
+ * add a finalizer, and making and closing one costs a map and a few steps on every critical
+ * section). Closed, it stays closed: a finalizer added later runs at once, as Effect's do.
+ * `fork`, `addFinalizer` and `close` are the methods Effect 3's own scopes have and its
+ * functions (`Scope.addFinalizer`, `Effect.acquireRelease`, ...) call.
+ */
+class BodyScope implements Scope.CloseableScope {
+  readonly [Scope.ScopeTypeId]: Scope.ScopeTypeId = Scope.ScopeTypeId
+  readonly [Scope.CloseableScopeTypeId]: Scope.CloseableScopeTypeId = Scope.CloseableScopeTypeId
+  readonly strategy: ExecutionStrategy.ExecutionStrategy = ExecutionStrategy.sequential
+  private made: Scope.CloseableScope | undefined = undefined
+  private closedWith: Exit.Exit<unknown, unknown> | undefined = undefined
+  /** The scope behind this one, made now if need be (and closed at once if this one is closed). */
+  private readonly real: Effect.Effect<Scope.CloseableScope> = Effect.suspend(() =>
+    this.made !== undefined ? Effect.succeed(this.made) : Effect.flatMap(Scope.make(this.strategy), (made) => {
+      // another fiber of the body made it meanwhile
+      if (this.made !== undefined) return Effect.succeed(this.made)
+      this.made = made
+      return this.closedWith === undefined ? Effect.succeed(made) : Effect.as(Scope.close(made, this.closedWith), made)
+    })
+  )
+  /** Whether nothing was ever added to the scope (nothing to close). */
+  get unused(): boolean {
+    return this.made === undefined
+  }
+  fork(strategy: ExecutionStrategy.ExecutionStrategy): Effect.Effect<Scope.CloseableScope> {
+    return Effect.flatMap(this.real, (real) => Scope.fork(real, strategy))
+  }
+  addFinalizer(finalizer: Scope.Scope.Finalizer): Effect.Effect<void> {
+    return Effect.flatMap(this.real, (real) => Scope.addFinalizerExit(real, finalizer))
+  }
+  close(exit: Exit.Exit<unknown, unknown>): Effect.Effect<void> {
+    return Effect.suspend(() => {
+      if (this.closedWith !== undefined) return Effect.void
+      this.closedWith = exit
+      return this.made === undefined ? Effect.void : Scope.close(this.made, exit)
+    })
+  }
+  pipe() {
+    // eslint-disable-next-line prefer-rest-params
+    return pipeArguments(this, arguments)
+  }
+}
+
+/**
+ * How many body fibers are being started on the current stack, one inside another: past
+ * `maxImmediateDepth`, a body fiber is scheduled rather than started at once, so that bodies
+ * nested without end (a recursion under a lock) cannot overflow the stack.
+ */
+let immediateDepth = 0
+const maxImmediateDepth = 16
+
+/**
  * Runs `body` under `leases` (one for a lock, one per part for a multi-lock) in a fiber of its
  * own, with the current fiber's holds (it re-enters them as the current fiber would: it is still
  * this fiber's critical section) and a scope of its own, closed when it ends. If any hold is lost
@@ -21,6 +76,12 @@ import type { Body, LockSpec, Restore, Retry } from "./spec.js"
  * body did, and the body's fiber refs are inherited as with `Fiber.join`. `close` ends the leases
  * after the body's scope closed, however it ended. Call it uninterruptibly; `restore` is where it
  * may be interrupted.
+ *
+ * The body's fiber is forked as `Effect.fork` forks (the caller's fiber refs, each through its
+ * `fork`; the caller's runtime flags) but started at once on the current stack rather than
+ * scheduled, and its end is read at once when it ended there: a body that never suspends costs
+ * no trip through the scheduler. The caller stays its supervisor in effect: an interruption of
+ * the caller interrupts the body.
  */
 export const whileHeld = <A, E, R>(
   leases: ReadonlyArray<Lease>,
@@ -28,76 +89,97 @@ export const whileHeld = <A, E, R>(
   restore: Restore,
   close: Effect.Effect<void>
 ): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> =>
-  Effect.flatMap(Scope.make(), (scope) => Effect.withFiberRuntime((parent) => {
+  Effect.withFiberRuntime((parent, status) => {
+    const scope = new BodyScope()
+    const flags = status.runtimeFlags
     const helds = leases.map(recordOf)
     // withLock leaves the caller's holds alone: the records are the body's
     let all = parent.getFiberRef(heldLeases).all
     for (const held of helds) if (!all.includes(held)) all = addHeld(all, held)
     const holds: HeldLeases = { all, taken: [] }
     const callerContext = parent.getFiberRef(FiberRef.currentContext)
-    // the body's fiber is new and ends with the body: its refs are set, not scoped
-    const inside = Effect.zipRight(
-      Effect.zipRight(
-        FiberRef.set(heldLeases, holds),
-        FiberRef.set(FiberRef.currentContext, Context.add(callerContext, Scope.Scope, scope))
-      ),
-      body as Effect.Effect<A, E, Exclude<R, Scope.Scope>>
-    )
-    return Effect.flatMap(
-      Effect.fork(restore(inside)),
-      (fiber) => {
-        for (const held of helds) held.bodies.push(fiber)
-        if (helds.some((held) => held.dead)) fiber.unsafeInterruptAsFork(FiberId.none)
-        // the body's scoped resources close before the lease does
-        const done = (exit: Exit.Exit<unknown, unknown>) => {
-          for (const held of helds) {
-            const i = held.bodies.indexOf(fiber)
-            if (i !== -1) held.bodies.splice(i, 1)
-          }
-          // the lease ends even if a finalizer of the body dies
-          return Effect.ensuring(Scope.close(scope, exit), close)
-        }
-        return Effect.matchCauseEffect(restore(Fiber.await(fiber)), {
-          // interrupted while waiting for the body: interrupt it too
-          onFailure: (cause) => Effect.zipRight(Effect.flatMap(Fiber.interrupt(fiber), done), Effect.failCause(cause)),
-          onSuccess: (exit) => {
-            const dead = Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause) ? helds.find((held) => held.dead) : undefined
-            if (dead !== undefined) return Effect.zipRight(done(exit), dead.lost)
-            return Effect.withFiberRuntime((_, status) =>
-              inheritsNothing(fiber, parent, holds, status.runtimeFlags)
-                ? Effect.zipRight(done(exit), exit)
-                // inherited before the body's scope closes, so that what its finalizers restore
-                // (a scoped fiber ref) stays restored; the body's context carries that scope: the
-                // caller keeps its own
-                : Effect.zipRight(
-                  Effect.zipRight(Fiber.inheritAll(fiber), FiberRef.set(FiberRef.currentContext, callerContext)),
-                  Effect.zipRight(done(exit), exit)
-                )
-            )
-          }
-        })
+    const parentRefs = parent.getFiberRefs()
+    const runtime = Runtime.make({
+      context: Context.add(callerContext, Scope.Scope, scope),
+      runtimeFlags: flags,
+      fiberRefs: parentRefs
+    })
+    // the body's fiber is new and ends with the body: its holds are set, not scoped
+    let forked: FiberRefs.FiberRefs = parentRefs
+    const withHolds = (refs: FiberRefs.FiberRefs, id: FiberId.Runtime) =>
+      (forked = FiberRefs.updateAs(refs, { fiberId: id, fiberRef: heldLeases, value: holds }))
+    const effect = restore(body) as Effect.Effect<A, E, never>
+    let fiber: Fiber.RuntimeFiber<A, E>
+    if (immediateDepth < maxImmediateDepth) {
+      immediateDepth++
+      try {
+        fiber = Runtime.runFork(runtime, effect, { updateRefs: withHolds, immediate: true })
+      } finally {
+        immediateDepth--
       }
-    )
-  }))
+    } else {
+      fiber = Runtime.runFork(runtime, effect, { updateRefs: withHolds, immediate: false })
+    }
+    for (const held of helds) held.bodies.push(fiber)
+    // a hold lost before the body's fiber was listed (the body may have run already)
+    if (helds.some((held) => held.dead)) fiber.unsafeInterruptAsFork(FiberId.none)
+    // the body's scoped resources close before the lease does
+    const done = (exit: Exit.Exit<unknown, unknown>) => {
+      for (const held of helds) {
+        const i = held.bodies.indexOf(fiber)
+        if (i !== -1) held.bodies.splice(i, 1)
+      }
+      // the lease ends even if a finalizer of the body dies
+      return scope.unused ? Effect.zipRight(scope.close(exit), close) : Effect.ensuring(scope.close(exit), close)
+    }
+    const ended = (exit: Exit.Exit<A, E>): Effect.Effect<A, E | LockLost> => {
+      const dead = Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause) ? helds.find((held) => held.dead) : undefined
+      if (dead !== undefined) return Effect.zipRight(done(exit), dead.lost)
+      // the caller's runtime flags are those it had when it forked the body (it waited with
+      // them restored)
+      return inheritsNothing(fiber, parent, parentRefs, forked, holds, flags)
+        ? Effect.zipRight(done(exit), exit)
+        // inherited before the body's scope closes, so that what its finalizers restore
+        // (a scoped fiber ref) stays restored; the body's context carries that scope: the
+        // caller keeps its own
+        : Effect.zipRight(
+          Effect.zipRight(Fiber.inheritAll(fiber), FiberRef.set(FiberRef.currentContext, callerContext)),
+          Effect.zipRight(done(exit), exit)
+        )
+    }
+    // ended on this stack: no need to wait for it
+    const exit = fiber.unsafePoll()
+    if (exit !== null) return ended(exit)
+    return Effect.matchCauseEffect(restore(Fiber.await(fiber)), {
+      // interrupted while waiting for the body: interrupt it too
+      onFailure: (cause) => Effect.zipRight(Effect.flatMap(Fiber.interrupt(fiber), done), Effect.failCause(cause)),
+      onSuccess: ended
+    })
+  })
 
 /**
  * Whether joining `body`, a body's fiber that has ended, would change nothing of `parent`, the
- * fiber that forked it and has been waiting for it since, whose runtime flags are `flags` now:
- * the body wrote no fiber ref (a ref it wrote, even back to the value it had, is joined as
- * `Fiber.join` joins it: a ref's `join` may combine equal values), and left the runtime flags
- * that a join passes on as they are. Its holds and context are not inherited this way (the
- * caller keeps its own).
+ * fiber that forked it (its refs then: `parentRefs`; the body's refs as forked: `forked`) and has
+ * been waiting for it since, whose runtime flags are `flags` now: the body wrote no fiber ref (a
+ * ref it wrote, even back to the value it had, is joined as `Fiber.join` joins it: a ref's `join`
+ * may combine equal values), what the refs' `fork` changed joins back to what the caller has, and
+ * the body left the runtime flags that a join passes on as they are. Its holds and context are not
+ * inherited this way (the caller keeps its own).
  */
 const inheritsNothing = (
   body: Fiber.RuntimeFiber<unknown, unknown>,
   parent: Fiber.RuntimeFiber<unknown, unknown>,
+  parentRefs: FiberRefs.FiberRefs,
+  forked: FiberRefs.FiberRefs,
   holds: HeldLeases,
   flags: RuntimeFlags.RuntimeFlags
 ): boolean => {
   const id = body.id()
+  const before = parentRefs.locals
   for (const [ref, stack] of body.getFiberRefs().locals) {
+    // the very stack the caller had when the body was forked: neither its fork nor the body changed it
+    if (before.get(ref) === stack || ref === FiberRef.currentContext) continue
     const [writer, value] = stack[0]
-    if (ref === FiberRef.currentContext) continue
     if (ref === FiberRef.currentRuntimeFlags) {
       // what `Fiber.inheritAll` applies: the difference, less interruptibility and wind-down
       const patch = RuntimeFlagsPatch.exclude(
@@ -107,12 +189,42 @@ const inheritsNothing = (
       if (!RuntimeFlagsPatch.isEmpty(patch)) return false
     } else if (ref === heldLeases) {
       if (value !== holds) return false
+    } else if (forked.locals.get(ref) === stack) {
+      // changed by the ref's `fork` alone (as Effect's own fork-scope override in a fiber that
+      // `Effect.forEach` forked), which the body never wrote
+      if (!forkJoinsBack(parent.id(), ref, before.get(ref), stack)) return false
     } else if (Equal.equals(writer, id) || value !== parent.getFiberRef(ref)) {
       return false
     }
   }
   return true
 }
+
+/**
+ * Whether what forking a body made of the caller's ref `ref` (its `parentStack`) through the
+ * ref's `fork` (`forkedStack`) would be joined back unchanged through its `join`, as
+ * `Fiber.join` joins it. Asked on every critical section of such a caller, with the same answer
+ * for the same stack of the caller's (a fork and a join are functions of the values; stacks are
+ * never changed in place), so it is worked out once per stack.
+ */
+const forkJoinsBack = (
+  parentId: FiberId.Runtime,
+  ref: FiberRef.FiberRef<unknown>,
+  parentStack: Stack | undefined,
+  forkedStack: Stack
+): boolean => {
+  const known = parentStack === undefined ? undefined : joinsBack.get(parentStack)
+  if (known !== undefined) return known
+  const parentRefs = FiberRefs.unsafeMake(parentStack === undefined ? new Map() : new Map([[ref, parentStack]]))
+  const joined = FiberRefs.joinAs(parentRefs, parentId, FiberRefs.unsafeMake(new Map([[ref, forkedStack]])))
+  const back = joined.locals.get(ref) === parentStack
+  if (parentStack !== undefined) joinsBack.set(parentStack, back)
+  return back
+}
+
+type Stack = Arr.NonEmptyReadonlyArray<readonly [FiberId.Single, unknown]>
+
+const joinsBack = new WeakMap<Stack, boolean>()
 
 /**
  * Runs `body` while holding a lease (waiting forever, or up to `timeoutMs`): the body's own scoped

@@ -145,10 +145,17 @@ export class Held implements Entry {
   }
 }
 
-/** Starts a holder's record and hands it to the backend's keeper. */
-export const startHeld = (spec: LockSpec, request: AcquireRequest, fence: number, sentAt: number): Effect.Effect<Held> =>
-  Effect.suspend(() => {
-    const held = new Held(spec, keeperOf(spec.backend), request.holder, fence, request.permits, request.leaseMs, sentAt)
-    metrics.recordHeld(spec.labels, 1)
-    return Effect.as(held.keeper.add(held), held)
-  })
+/**
+ * Starts a holder's record and hands it to the backend's keeper, now; what is left to do for the
+ * keeper (see `Keeper.add`) is returned with it.
+ */
+export const unsafeStartHeld = (
+  spec: LockSpec,
+  request: AcquireRequest,
+  fence: number,
+  sentAt: number
+): readonly [Held, Effect.Effect<void> | undefined] => {
+  const held = new Held(spec, keeperOf(spec.backend), request.holder, fence, request.permits, request.leaseMs, sentAt)
+  metrics.recordHeld(spec.labels, 1)
+  return [held, held.keeper.add(held)]
+}

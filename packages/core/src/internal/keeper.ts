@@ -46,8 +46,12 @@ const dueAt = (entry: Entry): number => {
 
 /** The keeper of one backend. */
 export interface Keeper {
-  /** Starts watching `entry` (and the keeper's fiber, if it is not running). */
-  readonly add: (entry: Entry) => Effect.Effect<void>
+  /**
+   * Starts watching `entry` now; what is left to do (start the keeper's fiber, or wake it for an
+   * entry due before it looks again) is returned, `undefined` when nothing is (the usual case: a
+   * grant costs no step of its own here).
+   */
+  readonly add: (entry: Entry) => Effect.Effect<void> | undefined
   /** Forgets `entry`: no more renewals, no deadline. */
   readonly remove: (entry: Entry) => void
 }
@@ -117,6 +121,13 @@ const makeKeeper = (backend: Service): Keeper => {
   const wakeAt = (at: number): Effect.Effect<void> =>
     Effect.suspend(() => {
       if (sleeper === undefined || at >= sleepingUntil) return Effect.void
+      return replaceSleeper()
+    })
+
+  /** Interrupts the sleeping loop and starts another. */
+  const replaceSleeper = (): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      if (sleeper === undefined) return Effect.void
       const old = sleeper
       sleeper = undefined
       sleepingUntil = Infinity
@@ -203,18 +214,19 @@ const makeKeeper = (backend: Service): Keeper => {
     })))
 
   return {
-    add: (entry) =>
-      Effect.suspend(() => {
-        live++
-        timer?.ref()
-        const at = schedule(entry)
-        if (!running) {
-          running = true
-          generation++
-          return startLoop()
-        }
-        return wakeAt(at)
-      }),
+    add: (entry) => {
+      live++
+      timer?.ref()
+      const at = schedule(entry)
+      if (!running) {
+        running = true
+        generation++
+        return startLoop()
+      }
+      // the sleeping loop looks again in time for it
+      if (sleeper === undefined || at >= sleepingUntil) return undefined
+      return replaceSleeper()
+    },
     remove: (entry) => {
       if (entry.done) return
       entry.done = true

@@ -8,7 +8,7 @@ import type { AcquireRequest, HoldMode } from "../LockBackend.js"
 import type { LockLost } from "../LockError.js"
 import { heldLeases } from "./fiberHolds.js"
 import type { Held } from "./holdRecord.js"
-import { countIn, isLive, startHeld } from "./holdRecord.js"
+import { countIn, isLive, unsafeStartHeld } from "./holdRecord.js"
 import type { LockSpec } from "./spec.js"
 
 /** Where a lease keeps its holder's record, for `whileHeld`. */
@@ -64,7 +64,8 @@ class LeaseImpl implements Lease {
  * Binds a grant to the lease's scope: joins the holder's live record (re-entry) or starts a new
  * one with its watchdog, and registers the release. The last lease of a record to close stops the
  * watchdog; every lease releases its own hold. Where the record is held (the scope owner's fiber,
- * or withLock's body) is the caller's business.
+ * or withLock's body) is the caller's business. It binds when called (as it is, where the grant's
+ * reply is handled): the effect returned only finishes what the keeper has left to do.
  */
 export const attach = (
   spec: LockSpec,
@@ -89,7 +90,9 @@ export const attach = (
     found.leases++
     return Effect.succeed(bind(found))
   }
-  return Effect.map(startHeld(spec, request, fence, sentAt), bind)
+  const [record, keeping] = unsafeStartHeld(spec, request, fence, sentAt)
+  const grant = bind(record)
+  return keeping === undefined ? Effect.succeed(grant) : Effect.as(keeping, grant)
 }
 
 /**
