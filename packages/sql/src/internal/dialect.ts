@@ -30,7 +30,7 @@ export interface Dialect {
    * Starts a transaction whose statements the server itself ends after `timeoutMs` where it can
    * (PostgreSQL), so that a call given up on does not keep waiting for a row lock there.
    */
-  readonly begin: (timeoutMs: number) => string
+  readonly begin: (timeoutMs: number) => ReadonlyArray<string>
   /** Creates the table and its index if absent. */
   readonly createSchema: ReadonlyArray<string>
   /**
@@ -59,6 +59,13 @@ export interface Dialect {
    * start when it does not create the tables.
    */
   readonly forget: (name: string) => ReadonlyArray<Statement>
+  /**
+   * `statement` as SQL text with its parameters written in as literals, so that several statements
+   * can go to the server in one call (the drivers take parameters for one statement only);
+   * `undefined` for a value that has no literal (PostgreSQL text cannot hold NUL): the caller sends
+   * the statements one by one, with parameters, instead.
+   */
+  readonly inline: (statement: Statement) => string | undefined
   /** Whether a failed transaction may simply be run again (a lost insert race, a deadlock). */
   readonly retryable: (cause: unknown) => boolean
   /** Why a statement failed, where the backend can say what to do about it: a right missing, a table missing. */
@@ -140,6 +147,65 @@ const questionMarkReads = (t: string, e: string, now: string): Pick<Dialect, "re
   versions: (names) => ({ sql: `SELECT name, version FROM ${t} WHERE name IN (${placeholders(names.length, 1, false)})`, params: names })
 })
 
+/** A number as SQL text: finite only (no literal says NaN or Infinity in both databases). */
+const numberLiteral = (value: number): string | undefined => (Number.isFinite(value) ? String(value) : undefined)
+
+/**
+ * A PostgreSQL literal of `value`: an escape string (`E'…'`, whose meaning does not depend on
+ * `standard_conforming_strings`) with backslashes and quotes doubled, a number, or a text array.
+ * The driver sends SQL text as UTF-8, where neither byte occurs inside another character.
+ */
+export const postgresLiteral = (value: unknown): string | undefined => {
+  if (typeof value === "string") {
+    // NUL ends the text of a simple query, and text values cannot hold it anyway
+    if (value.includes("\u0000")) return undefined
+    return `E'${value.replace(/\\/g, "\\\\").replace(/'/g, "''")}'`
+  }
+  if (typeof value === "number") return numberLiteral(value)
+  if (Array.isArray(value)) {
+    const items: Array<string> = []
+    for (const item of value) {
+      const literal = typeof item === "string" ? postgresLiteral(item) : undefined
+      if (literal === undefined) return undefined
+      items.push(literal)
+    }
+    return `ARRAY[${items.join(", ")}]::text[]`
+  }
+  return undefined
+}
+
+/**
+ * A MySQL/MariaDB literal of `value`: text as its UTF-8 bytes in hex with the utf8mb4 introducer
+ * (as the driver sends a text parameter; no escaping, so the server's `NO_BACKSLASH_ESCAPES` and
+ * connection character set do not matter), or a number.
+ */
+export const mysqlLiteral = (value: unknown): string | undefined =>
+  typeof value === "string"
+    ? `_utf8mb4 X'${Buffer.from(value, "utf8").toString("hex")}'`
+    : typeof value === "number"
+    ? numberLiteral(value)
+    : undefined
+
+/**
+ * `statement` with each placeholder `pattern` finds replaced by the literal of its parameter: the
+ * pattern's group is the parameter's number (`$2`), or empty for the next one in order (`?`).
+ */
+const inlined = (
+  statement: Statement,
+  pattern: RegExp,
+  literal: (value: unknown) => string | undefined
+): string | undefined => {
+  let next = 0
+  let failed = false
+  const sql = statement.sql.replace(pattern, (_, position: string) => {
+    const index = position === "" ? next++ : Number(position) - 1
+    const text = index < statement.params.length ? literal(statement.params[index]) : undefined
+    if (text === undefined) failed = true
+    return text ?? ""
+  })
+  return failed ? undefined : sql
+}
+
 const postgres = (table: Table): Dialect => {
   const quote = quoteWith("\"")
   const t = qualified(table, quote)
@@ -149,8 +215,10 @@ const postgres = (table: Table): Dialect => {
   return {
     name: "pg",
     // one simple query: no round trip of its own
-    begin: (timeoutMs) =>
-      `BEGIN; SET LOCAL statement_timeout = ${Number.isFinite(timeoutMs) ? Math.max(1, Math.ceil(timeoutMs)) : 0}`,
+    begin: (timeoutMs) => [
+      "BEGIN",
+      `SET LOCAL statement_timeout = ${Number.isFinite(timeoutMs) ? Math.max(1, Math.ceil(timeoutMs)) : 0}`
+    ],
     createSchema: [
       ...(table.schema === undefined ? [] : [`CREATE SCHEMA IF NOT EXISTS ${quote(table.schema)}`]),
       `CREATE TABLE IF NOT EXISTS ${t} (name text PRIMARY KEY, state text NOT NULL, expires_at float8 NOT NULL, version float8 NOT NULL)`,
@@ -198,6 +266,8 @@ const postgres = (table: Table): Dialect => {
     sweep: sweepOf(t, e, now),
     forget: forgetOf(t, e, now, "$1"),
     versions: (names) => ({ sql: `SELECT name, version FROM ${t} WHERE name = ANY($1::text[])`, params: [names] }),
+    // the statements' own text has no `$` but their placeholders (identifiers are checked)
+    inline: (statement) => inlined(statement, /\$(\d+)/g, postgresLiteral),
     retryable: (cause) => {
       const code = causeOf(cause)["code"]
       // unique_violation (a row deleted and created again under us), deadlock, serialization
@@ -220,7 +290,7 @@ const mysql = (table: Table): Dialect => {
     name: "mysql",
     // a session variable would cost a statement per transaction: a stalled statement ends at the
     // server's innodb_lock_wait_timeout, while the call has failed at the command timeout already
-    begin: () => "BEGIN",
+    begin: () => ["BEGIN"],
     createSchema: [
       // binary: keys compare byte for byte, as on every other backend (2816 bytes: with a holder id
       // of up to 256, InnoDB's longest key, 3072)
@@ -259,6 +329,8 @@ const mysql = (table: Table): Dialect => {
     ),
     sweep: sweepOf(t, e, now),
     forget: forgetOf(t, e, now, "?"),
+    // the statements' own text has no `?` but their placeholders (identifiers are checked)
+    inline: (statement) => inlined(statement, /\?()/g, mysqlLiteral),
     retryable: (cause) => {
       const errno = causeOf(cause)["errno"]
       // ER_DUP_ENTRY, ER_LOCK_DEADLOCK
@@ -283,7 +355,7 @@ const sqlite = (table: Table): Dialect => {
     name: "sqlite",
     // IMMEDIATE: take the write lock first, so that two processes never both read and then fail
     // to upgrade (SQLITE_BUSY without waiting)
-    begin: () => "BEGIN IMMEDIATE",
+    begin: () => ["BEGIN IMMEDIATE"],
     createSchema: [
       `CREATE TABLE IF NOT EXISTS ${t} (name TEXT PRIMARY KEY NOT NULL, state TEXT NOT NULL, expires_at REAL NOT NULL, version REAL NOT NULL)`,
       index(`${table.table}_expires_at`, table.table),
@@ -310,6 +382,8 @@ const sqlite = (table: Table): Dialect => {
     ),
     sweep: sweepOf(t, e, now),
     forget: forgetOf(t, e, now, "?"),
+    // in process: one call per statement costs no round trip
+    inline: () => undefined,
     // BEGIN IMMEDIATE found the write lock taken (it is taken without waiting: see sqlBackend.ts),
     // after which nothing conflicts
     retryable: (cause) => String(causeOf(cause)["code"] ?? "").startsWith("SQLITE_BUSY"),

@@ -271,7 +271,7 @@ export const make = (
     // lock is taken without waiting, and the wait happens here, between tries
     const busyTimeout = name === "sqlite" ? yield* sqliteBusyTimeout(sql, endpoint) : undefined
     const begin = (connection: Connection): Effect.Effect<unknown, unknown> => {
-      const start = connection.executeUnprepared(dialect.begin(Duration.toMillis(commandTimeout)), [], undefined)
+      const start = connection.executeUnprepared(dialect.begin(Duration.toMillis(commandTimeout)).join("; "), [], undefined)
       if (busyTimeout === undefined) return start
       const setBusyTimeout = (ms: number) => connection.executeUnprepared(`PRAGMA busy_timeout = ${ms}`, [], undefined)
       return Effect.zipRight(setBusyTimeout(0), start).pipe(Effect.ensuring(Effect.ignore(setBusyTimeout(busyTimeout))))
@@ -283,7 +283,9 @@ export const make = (
      */
     const inTransaction = <A>(
       operation: string,
-      body: (connection: Connection) => Effect.Effect<A, unknown>
+      body: (connection: Connection) => Effect.Effect<A, unknown>,
+      /** `body` sends BEGIN and COMMIT itself, each with other statements in one call. */
+      ownsEnds = false
     ): Effect.Effect<A, BackendError> => {
       const attempt = Effect.uninterruptibleMask((restore) =>
         Effect.gen(function*() {
@@ -292,7 +294,7 @@ export const make = (
             Effect.onError(() => Scope.close(txScope, Exit.void))
           )
           const outcome = yield* Effect.exit(restore(
-            Effect.gen(function*() {
+            ownsEnds ? body(connection) : Effect.gen(function*() {
               yield* begin(connection)
               const result = yield* body(connection)
               yield* connection.executeUnprepared("COMMIT", [], undefined)
@@ -317,9 +319,37 @@ export const make = (
       return bounded(operation, Effect.retry(attempt, { schedule: retrySchedule, while: (cause) => dialect.retryable(cause) }))
     }
 
+    /** Whether transactions go in two calls (`transact`): set at start, once the client says it can. */
+    let twoCallsHere = false
+
+    /** The rows a lock statement returned, by name, and the database's clock as it read them. */
+    const loadedOf = (rows: ReadonlyArray<Record<string, unknown>>) => {
+      const loaded = new Map<string, Loaded>()
+      let now = 0
+      for (const row of rows) {
+        const text = row["state"] === null || row["state"] === undefined ? "" : String(row["state"])
+        loaded.set(asName(row["name"]), { text, document: decode(text), version: asNumber(row["version"]) })
+        now = asNumber(row["now"])
+      }
+      return { loaded, now }
+    }
+
+    const endedOfRows = (rows: ReadonlyArray<Record<string, unknown>>): Map<string, number> =>
+      new Map(rows.map((row) => [asName(row["holder"]), asNumber(row["expires_at"])]))
+
+    /** What a transaction decided, and the statements that write it. */
+    interface Plan<A> {
+      readonly result: A
+      readonly writes: ReadonlyArray<Dialect.Statement>
+      readonly wake: Array<string>
+      readonly versions: Array<readonly [string, number]>
+    }
+
     /**
      * Runs `decide` on the rows of `keys` in one transaction that holds their row locks, with the
      * database's clock; writes the rows it changed and wakes the waiters the change may let in.
+     * PostgreSQL and MySQL/MariaDB take it in two calls to the server (see `twoCalls`); SQLite,
+     * in process, statement by statement.
      */
     const transact = <A>(
       operation: string,
@@ -329,72 +359,111 @@ export const make = (
     ): Effect.Effect<A, BackendError> => {
       // sorted: transactions over several rows lock them in one order
       const names = [...new Set(keys)].sort()
-      // what the last try of the transaction changed, for after its commit
-      let wake: Array<string> = []
-      let versions: Array<readonly [string, number]> = []
-      return inTransaction(operation, (connection) =>
+      const asksAboutEnded = remembered !== undefined && remembered.ids.length > 0
+
+      const plan = (loaded: ReadonlyMap<string, Loaded>, now: number, ended: ReadonlyMap<string, number>): Plan<A> => {
+        const decision = decide(stateOf(names, loaded, remembered?.key, ended), now)
+        const writes: Array<Dialect.RowWrite> = []
+        const wake: Array<string> = []
+        for (const key of names) {
+          const old = loaded.get(key)
+          const document: Document = {
+            key: decision.state.keys.get(key) ?? Rules.emptyKey,
+            latch: decision.state.latches.get(key)
+          }
+          const text = encode(document)
+          if (old !== undefined && text === old.text) continue
+          const previous = old?.document ?? emptyDocument
+          const woken = [
+            ...(freesLock(previous.key, document.key) ? [lockPayload(key)] : []),
+            ...(wakesLatch(previous.latch, document.latch) ? [latchPayload(key)] : [])
+          ]
+          const version = old?.version ?? 0
+          writes.push({
+            name: key,
+            state: text,
+            expiresAt: expiresAt(document),
+            // never back to a value a poller saw before the row was deleted and made again
+            version: woken.length > 0 ? Math.max(version + 1, Math.floor(now * 1000)) : version
+          })
+          wake.push(...woken)
+        }
+        const after = remembered === undefined ? undefined : decision.state.keys.get(remembered.key)?.ended ?? new Map<string, number>()
+        const remember = after === undefined ? [] : [...after].filter(([id, until]) => ended.get(id) !== until)
+        // nobody listens where the backends poll: no NOTIFY
+        const notices = notifies ? wake.map((payload) => `${clientId}|${payload}`) : []
+        const endedWrite = remembered === undefined || remember.length === 0 ? undefined : { name: remembered.key, ended: remember }
+        return {
+          result: decision.result,
+          writes: dialect.write(writes, notices, endedWrite),
+          wake,
+          versions: names.map((key) => [key, writes.find((w) => w.name === key)?.version ?? loaded.get(key)?.version ?? 0])
+        }
+      }
+
+      /**
+       * Whether the rules may ask about the ended holders (see `asksEnded`): read under the key's
+       * lock, in rows of their own; left unread, they count as none.
+       */
+      const willAsk = (loaded: ReadonlyMap<string, Loaded>, now: number): boolean =>
+        remembered !== undefined && asksAboutEnded && asksEnded(remembered, stateOf(names, loaded), now)
+
+      /** Statement by statement: the lock, the ended holders if the rules will ask, the writes. */
+      const oneByOne = (connection: Connection) =>
         Effect.gen(function*() {
           let rows: ReadonlyArray<Record<string, unknown>> = []
           for (const statement of dialect.lockRows(names)) rows = yield* execute(connection, statement)
-          const loaded = new Map<string, Loaded>()
-          let now = 0
-          for (const row of rows) {
-            const text = row["state"] === null || row["state"] === undefined ? "" : String(row["state"])
-            loaded.set(asName(row["name"]), { text, document: decode(text), version: asNumber(row["version"]) })
-            now = asNumber(row["now"])
-          }
-          // the ended holders the rules may ask about: rows of their own, read under the key's lock
-          const ended = new Map<string, number>()
-          if (remembered !== undefined && remembered.ids.length > 0 && asksEnded(remembered, stateOf(names, loaded), now)) {
-            for (const row of yield* execute(connection, dialect.readEnded(remembered.key, remembered.ids))) {
-              ended.set(asName(row["holder"]), asNumber(row["expires_at"]))
+          const { loaded, now } = loadedOf(rows)
+          const ended = remembered !== undefined && willAsk(loaded, now)
+            ? endedOfRows(yield* execute(connection, dialect.readEnded(remembered.key, remembered.ids)))
+            : new Map<string, number>()
+          const planned = plan(loaded, now, ended)
+          for (const statement of planned.writes) yield* execute(connection, statement)
+          return planned
+        })
+
+      /**
+       * Two calls: BEGIN, the lock statements and the read of the ended holders in the first (each a
+       * statement of its own, so that the read sees what the transactions it waited for wrote); the
+       * writes and COMMIT in the second. A value that has no literal: statement by statement.
+       */
+      const twoCalls = (connection: Connection) =>
+        Effect.suspend(() => {
+          const beginning = dialect.begin(Duration.toMillis(commandTimeout))
+          const lockRows = dialect.lockRows(names)
+          const first = inlinedAll(dialect, [
+            ...lockRows,
+            ...(remembered !== undefined && asksAboutEnded ? [dialect.readEnded(remembered.key, remembered.ids)] : [])
+          ])
+          const commit = Effect.suspend(() => connection.executeUnprepared("COMMIT", [], undefined))
+          if (first === undefined) return Effect.zipRight(begin(connection), Effect.tap(oneByOne(connection), () => commit))
+          const rowsAt = beginning.length + lockRows.length - 1
+          return Effect.gen(function*() {
+            const results = yield* connection.executeUnprepared([...beginning, ...first].join("; "), [], undefined)
+            const { loaded, now } = loadedOf(yield* resultAt(results, rowsAt))
+            const ended = willAsk(loaded, now) ? endedOfRows(yield* resultAt(results, rowsAt + 1)) : new Map<string, number>()
+            const planned = plan(loaded, now, ended)
+            const writes = inlinedAll(dialect, planned.writes)
+            if (writes === undefined) {
+              for (const statement of planned.writes) yield* execute(connection, statement)
+              yield* commit
+            } else {
+              yield* connection.executeUnprepared([...writes, "COMMIT"].join("; "), [], undefined)
             }
-          }
-          const decision = decide(stateOf(names, loaded, remembered?.key, ended), now)
-          const writes: Array<Dialect.RowWrite> = []
-          wake = []
-          for (const key of names) {
-            const old = loaded.get(key)
-            const document: Document = {
-              key: decision.state.keys.get(key) ?? Rules.emptyKey,
-              latch: decision.state.latches.get(key)
-            }
-            const text = encode(document)
-            if (old !== undefined && text === old.text) continue
-            const previous = old?.document ?? emptyDocument
-            const woken = [
-              ...(freesLock(previous.key, document.key) ? [lockPayload(key)] : []),
-              ...(wakesLatch(previous.latch, document.latch) ? [latchPayload(key)] : [])
-            ]
-            const version = old?.version ?? 0
-            writes.push({
-              name: key,
-              state: text,
-              expiresAt: expiresAt(document),
-              // never back to a value a poller saw before the row was deleted and made again
-              version: woken.length > 0 ? Math.max(version + 1, Math.floor(now * 1000)) : version
-            })
-            wake.push(...woken)
-          }
-          const after = remembered === undefined ? undefined : decision.state.keys.get(remembered.key)?.ended ?? new Map<string, number>()
-          const remember = after === undefined ? [] : [...after].filter(([id, until]) => ended.get(id) !== until)
-          // nobody listens where the backends poll: no NOTIFY
-          const notices = notifies ? wake.map((payload) => `${clientId}|${payload}`) : []
-          const endedWrite = remembered === undefined || remember.length === 0 ? undefined : { name: remembered.key, ended: remember }
-          for (const statement of dialect.write(writes, notices, endedWrite)) yield* execute(connection, statement)
-          versions = names.map((key) => [key, writes.find((w) => w.name === key)?.version ?? loaded.get(key)?.version ?? 0])
-          return decision.result
-        })).pipe(
-          // after the commit: the waiters here learn of the change at once
-          Effect.tap(() =>
-            Effect.sync(() => {
-              // the poller's baseline, for the keys somebody here waits on (and no others: the map
-              // would keep every key this backend ever touched)
-              for (const [key, version] of versions) if (isWatched(key)) known.set(key, version)
-              wake.forEach(signal)
-            })
-          )
-        )
+            return planned
+          })
+        })
+
+      return inTransaction(operation, twoCallsHere ? twoCalls : oneByOne, twoCallsHere).pipe(
+        // after the commit: the waiters here learn of the change at once
+        Effect.map((planned) => {
+          // the poller's baseline, for the keys somebody here waits on (and no others: the map
+          // would keep every key this backend ever touched)
+          for (const [key, version] of planned.versions) if (isWatched(key)) known.set(key, version)
+          planned.wake.forEach(signal)
+          return planned.result
+        })
+      )
     }
 
     /** A read of one row without a lock: `inspect` and `latchCount` change nothing. */
@@ -485,6 +554,8 @@ export const make = (
         )).pipe(Effect.mapError((error) => explained(error, dialect, table, "use")))
     }
 
+    twoCallsHere = name !== "sqlite" && (yield* bounded("connect", severalStatementsPerCall(sql)))
+
     const sweep = inTransaction("sweep", (connection) => Effect.forEach(dialect.sweep, (statement) => execute(connection, statement)))
     yield* Effect.forkScoped(Effect.ignore(sweep).pipe(Effect.repeat(Schedule.spaced(sweepInterval)), Effect.interruptible))
 
@@ -504,6 +575,40 @@ export const make = (
 
     return service
   })
+
+/**
+ * Whether the client sends several statements in one call and answers with the rows of each:
+ * `@effect/sql-pg` does (a simple query), `@effect/sql-mysql2` does (its pools allow multiple
+ * statements). A client that does not gets its transactions statement by statement.
+ */
+const severalStatementsPerCall = (sql: SqlClient): Effect.Effect<boolean> =>
+  Effect.scoped(Effect.flatMap(sql.reserve, (connection) => connection.executeUnprepared("SELECT 1 AS one; SELECT 2 AS two", [], undefined))).pipe(
+    Effect.map((results: unknown) => {
+      if (!Array.isArray(results) || results.length !== 2) return false
+      const [first, second] = results as ReadonlyArray<unknown>
+      return Array.isArray(first) && Array.isArray(second) && asNumber((second[0] as Record<string, unknown> | undefined)?.["two"]) === 2
+    }),
+    Effect.orElseSucceed(() => false)
+  )
+
+/** Every statement of `statements` as SQL text with its literals, or `undefined` if one has none. */
+const inlinedAll = (dialect: Dialect.Dialect, statements: ReadonlyArray<Dialect.Statement>): Array<string> | undefined => {
+  const texts: Array<string> = []
+  for (const statement of statements) {
+    const text = dialect.inline(statement)
+    if (text === undefined) return undefined
+    texts.push(text)
+  }
+  return texts
+}
+
+/** The rows of the `index`th statement of a call that sent several (the drivers answer with one list per statement). */
+const resultAt = (results: unknown, index: number): Effect.Effect<ReadonlyArray<Record<string, unknown>>, Error> => {
+  const rows: unknown = Array.isArray(results) ? results[index] : undefined
+  return Array.isArray(rows)
+    ? Effect.succeed(rows as ReadonlyArray<Record<string, unknown>>)
+    : Effect.fail(new Error(`the driver did not answer statement ${index + 1} of a call with its rows`))
+}
 
 const timedOut = "no answer within the command timeout"
 
