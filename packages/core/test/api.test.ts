@@ -178,6 +178,30 @@ describe("isHeldByCurrentFiber", () => {
       assert.isTrue(yield* Semaphore.withPermits(Semaphore.isHeldByCurrentFiber(sem), sem))
       assert.isFalse(yield* Semaphore.isHeldByCurrentFiber(sem))
     }).pipe(Effect.provide(MemoryBackend.layer)))
+
+  it.effect("a fiber that joins many children holds every lease they took, and forgets them when they end", () =>
+    withBackend(({ calls }) =>
+      Effect.gen(function*() {
+        const n = 2_000
+        const locks = yield* Effect.forEach(Array.from({ length: n }, (_, i) => i), (i) => Lock.make(`api:burst:${i}`))
+        yield* Effect.scoped(Effect.gen(function*() {
+          // each child's lease passes to this fiber when Effect.forEach joins it
+          yield* Effect.forEach(locks, (lock) => Lock.acquire(lock), { concurrency: "unbounded", discard: true })
+          const held = yield* Effect.forEach(locks, Lock.isHeldByCurrentFiber)
+          assert.strictEqual(held.filter(Boolean).length, n)
+          // re-entry: the same holder, no new one
+          const before = calls.holders.length
+          yield* Lock.withLock(Effect.void, locks[7]!)
+          assert.strictEqual(calls.holders.at(-1), calls.holders[7])
+          assert.strictEqual(calls.holders.length, before + 1)
+          // a re-entered lease released: the outer one still holds
+          yield* Effect.scoped(Lock.acquire(locks[0]!))
+          assert.isTrue(yield* Lock.isHeldByCurrentFiber(locks[0]!))
+        }))
+        assert.strictEqual(calls.release, n + 2)
+        const after = yield* Effect.forEach(locks, Lock.isHeldByCurrentFiber)
+        assert.strictEqual(after.filter(Boolean).length, 0)
+      })))
 })
 
 describe("retry of backend failures while acquiring", () => {

@@ -9,7 +9,8 @@ import type { Lease } from "../Lease.js"
 import type { AcquireRequest, AcquireResult } from "../LockBackend.js"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported, SelfDeadlock } from "../LockError.js"
 import { isBackendClosed, LockTimeout } from "../LockError.js"
-import { addHeld, heldLeases, liveOn, selfDeadlock } from "./fiberHolds.js"
+import { heldLeases, liveOn, selfDeadlock, withHeld } from "./fiberHolds.js"
+import * as HeldSet from "./heldSet.js"
 import { countIn } from "./holdRecord.js"
 import type { Grant } from "./lease.js"
 import { attach, recordOf } from "./lease.js"
@@ -63,7 +64,7 @@ export const scopedLease = (
           Effect.zipRight(
             // a new record joins the holds of the fiber whose scope owns the lease (a re-entered one is there)
             FiberRef.update(heldLeases, (leases) =>
-              leases.all.includes(held) ? leases : { all: addHeld(leases.all, held), taken: addHeld(leases.taken, held) }),
+              HeldSet.has(leases.all, held) ? leases : withHeld(leases, held)),
             Scope.addFinalizer(scope, close)
           ),
           // an interruption that arrived while the grant was in flight: the caller gets no

@@ -10,7 +10,8 @@ import type { LockLost, LockTimeout } from "../LockError.js"
 import type { AttemptError } from "./acquisition.js"
 import { takeGrant } from "./acquisition.js"
 import type { HeldLeases } from "./fiberHolds.js"
-import { addHeld, heldLeases } from "./fiberHolds.js"
+import { heldLeases } from "./fiberHolds.js"
+import * as HeldSet from "./heldSet.js"
 import type { Grant } from "./lease.js"
 import { recordOf } from "./lease.js"
 import type { Body, LockSpec, Restore, Retry } from "./spec.js"
@@ -95,8 +96,8 @@ export const whileHeld = <A, E, R>(
     const helds = leases.map(recordOf)
     // withLock leaves the caller's holds alone: the records are the body's
     let all = parent.getFiberRef(heldLeases).all
-    for (const held of helds) if (!all.includes(held)) all = addHeld(all, held)
-    const holds: HeldLeases = { all, taken: [] }
+    for (const held of helds) if (!HeldSet.has(all, held)) all = HeldSet.add(all, held)
+    const holds: HeldLeases = { all, taken: HeldSet.empty }
     const callerContext = parent.getFiberRef(FiberRef.currentContext)
     const parentRefs = parent.getFiberRefs()
     const runtime = Runtime.make({

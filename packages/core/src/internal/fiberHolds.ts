@@ -4,6 +4,7 @@
  */
 import { Effect, FiberRef, GlobalValue, Option } from "effect"
 import { SelfDeadlock } from "../LockError.js"
+import * as HeldSet from "./heldSet.js"
 import type { Held } from "./holdRecord.js"
 import { countIn, isLive } from "./holdRecord.js"
 import type { LockSpec } from "./spec.js"
@@ -18,44 +19,46 @@ import { monotonicMillis } from "./time.js"
  * the fiber that joins it, whose scope usually owns them.
  */
 export interface HeldLeases {
-  readonly all: ReadonlyArray<Held>
-  readonly taken: ReadonlyArray<Held>
+  readonly all: HeldSet.HeldSet
+  readonly taken: HeldSet.HeldSet
 }
 
-const noLeases: HeldLeases = { all: [], taken: [] }
+const noLeases: HeldLeases = { all: HeldSet.empty, taken: HeldSet.empty }
 
-/** Whether `held` is a hold on `spec`'s key through the same backend. */
-const isOn = (held: Held, spec: LockSpec): boolean => held.key === spec.key && held.backend === spec.backend
-
-/** `helds` without the records that ended, plus `held`. */
-export const addHeld = (helds: ReadonlyArray<Held>, held: Held): ReadonlyArray<Held> => {
-  const out = helds.filter(isLive)
-  out.push(held)
-  return out
-}
+/** `leases` with `held` among the holds and among those taken. */
+export const withHeld = (leases: HeldLeases, held: Held): HeldLeases => ({
+  all: HeldSet.add(leases.all, held),
+  taken: HeldSet.add(leases.taken, held)
+})
 
 export const heldLeases = GlobalValue.globalValue(
   Symbol.for("@lockstep/core/heldLeases/perFiber"),
   () =>
     FiberRef.unsafeMake<HeldLeases>(noLeases, {
       fork: () => noLeases,
-      join: (parent, child) =>
-        child.taken.reduce((acc, held) => {
+      join: (parent, child) => {
+        let joined = parent
+        HeldSet.forEach(child.taken, (held) => {
+          const onKey = HeldSet.on(joined.all, held.key)
           // a parent's own live re-entrant hold wins over a child's
           if (
-            !isLive(held) || acc.all.includes(held) ||
-            (held.reentrant && acc.all.some((h) => h.reentrant && isLive(h) && h.key === held.key && h.backend === held.backend))
+            !isLive(held) || onKey.includes(held) ||
+            (held.reentrant && onKey.some((h) => h.reentrant && isLive(h) && h.backend === held.backend))
           ) {
-            return acc
+            return
           }
-          return { all: addHeld(acc.all, held), taken: addHeld(acc.taken, held) }
-        }, parent)
+          joined = withHeld(joined, held)
+        })
+        return joined
+      }
     })
 )
 
 /** The live holds among `holds` on the lock's key, of every kind. */
-export const liveOn = (holds: HeldLeases, spec: LockSpec): ReadonlyArray<Held> =>
-  holds.all.length === 0 ? holds.all : holds.all.filter((h) => isLive(h) && isOn(h, spec))
+export const liveOn = (holds: HeldLeases, spec: LockSpec): ReadonlyArray<Held> => {
+  const onKey = HeldSet.on(holds.all, spec.key)
+  return onKey.length === 0 ? onKey : onKey.filter((h) => isLive(h) && h.backend === spec.backend)
+}
 
 /** The current fiber's live holds on the lock's key, of every kind. */
 const liveHolds = (spec: LockSpec): Effect.Effect<ReadonlyArray<Held>> => Effect.map(FiberRef.get(heldLeases), (holds) => liveOn(holds, spec))

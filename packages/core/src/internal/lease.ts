@@ -7,6 +7,7 @@ import type { Lease, LeaseState } from "../Lease.js"
 import type { AcquireRequest, HoldMode } from "../LockBackend.js"
 import type { LockLost } from "../LockError.js"
 import { heldLeases } from "./fiberHolds.js"
+import * as HeldSet from "./heldSet.js"
 import type { Held } from "./holdRecord.js"
 import { countIn, isLive, unsafeStartHeld } from "./holdRecord.js"
 import type { LockSpec } from "./spec.js"
@@ -110,11 +111,11 @@ const closeLease = (spec: LockSpec, record: Held): Effect.Effect<void> =>
     record.stop()
     // the fiber closing the last lease forgets the record, if it has it (withLock's caller never does)
     const leases = fiber.getFiberRef(heldLeases)
-    if (!leases.all.includes(record) && !leases.taken.includes(record)) return released
+    if (!HeldSet.has(leases.all, record) && !HeldSet.has(leases.taken, record)) return released
     return Effect.zipRight(
       FiberRef.set(heldLeases, {
-        all: leases.all.filter((h) => h !== record && isLive(h)),
-        taken: leases.taken.filter((h) => h !== record && isLive(h))
+        all: HeldSet.remove(leases.all, record),
+        taken: HeldSet.remove(leases.taken, record)
       }),
       released
     )

@@ -50,8 +50,26 @@ export interface HandleLabels {
   readonly lost: Readonly<Record<LostReason, ReadonlyArray<MetricLabel.MetricLabel>>>
 }
 
+/**
+ * The label arrays of each kind and name, shared by every handle that has them: Effect caches a
+ * metric hook per label array, and finding one for a new array (a new key with labels in the
+ * global registry) costs far more than an update, so a process that makes a handle per key must
+ * not make new arrays per handle. Names are few (they label metrics, as kinds do).
+ */
+const labelsByName = new Map<string, HandleLabels>()
+
 /** Labels: the kind, and the handle's `name` when it has one (never the raw key: keys are unbounded). */
 export const handleLabels = (kind: string, name: string | undefined): HandleLabels => {
+  const id = name === undefined ? kind : `${kind}\u0000${name}`
+  let labels = labelsByName.get(id)
+  if (labels === undefined) {
+    labels = makeHandleLabels(kind, name)
+    labelsByName.set(id, labels)
+  }
+  return labels
+}
+
+const makeHandleLabels = (kind: string, name: string | undefined): HandleLabels => {
   const handle = [MetricLabel.make("kind", kind)]
   if (name !== undefined) handle.push(MetricLabel.make("name", name))
   const withLabel = (key: string, value: string) => [...handle, MetricLabel.make(key, value)]
