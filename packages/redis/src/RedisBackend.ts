@@ -74,8 +74,10 @@ export type Client = Redis | Cluster
  */
 export interface Tuning {
   /**
-   * Every Redis call that takes longer fails with `BackendError`, so a silent server never stalls
-   * a holder past its lease. Once a call has waited that long on a connection that is down,
+   * Every Redis call whose connection stays silent that long fails with `BackendError`, so a
+   * silent server never stalls a holder past its lease. Silent means no reply at all: a call
+   * waiting in line behind others that are being answered (thousands of calls made at once) waits
+   * its turn. Once a call has waited that long on a connection that is down,
    * later calls on it fail at once until it is back: an outage stalls a caller for one timeout,
    * not one per call it makes. Default 2 seconds.
    */

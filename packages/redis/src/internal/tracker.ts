@@ -44,7 +44,9 @@ export interface ClientTracker {
    */
   readonly watch: (client: Client, role: Role) => Effect.Effect<void, never, Scope.Scope>
   /**
-   * Settles with the promise, or fails with BackendError once the command timeout passes. The
+   * Settles with the promise, or fails with BackendError once the command timeout passes with
+   * no reply on the call's connection (since the call started, or since the last reply: calls
+   * that wait in line behind others that are being answered do not time out). The
    * deadline settles the effect itself rather than interrupting it: callers run grants and the
    * registration of their release uninterruptibly (so an interruption never leaks a grant), and
    * a silent server must still not stall them. One timer keeps the deadlines of all calls in
@@ -226,7 +228,10 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
     const deadlines = makeDeadlines(Duration.toMillis(timeout))
     /** A reply, or an error reply: the server answers again. */
     const heard = (route: string, cause?: unknown) => {
-      if (cause === undefined || isReplyError(cause)) silentSince.delete(route)
+      if (cause === undefined || isReplyError(cause)) {
+        silentSince.delete(route)
+        deadlines.heard(route)
+      }
     }
     const call = <A>(
       operation: string,
@@ -259,7 +264,7 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
             role
           )))
         }
-        const pending = deadlines.start(() => {
+        const pending = deadlines.start(route, () => {
           if (!silentSince.has(route)) silentSince.set(route, pending.startedAt)
           resume(Effect.fail(failOpen(
             operation,
@@ -269,7 +274,8 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
         })
         const onSuccess = (value: A) => {
           deadlines.end(pending)
-          if (silentSince.size > 0) heard(route)
+          if (silentSince.size > 0) silentSince.delete(route)
+          deadlines.heard(route)
           resume(Effect.succeed(value))
         }
         const onFailure = (cause: unknown) => {
