@@ -287,8 +287,10 @@ export const track = (client: Client, tuning?: Tuning): Effect.Effect<ClientTrac
           onSuccess,
           fallback === undefined ? onFailure : (cause: unknown) => {
             const next = fallback(cause)
-            if (next === undefined) onFailure(cause)
-            else next.then(onSuccess, onFailure)
+            if (next === undefined) return onFailure(cause)
+            // the reply that asked for the fallback (NOSCRIPT) is one: the connection answers
+            heard(route, cause)
+            next.then(onSuccess, onFailure)
           }
         )
         // no canceler: an interrupted call's entry simply expires (its late resume is ignored),
