@@ -23,6 +23,7 @@ import * as s8 from "./s8-commands.js"
 import * as s9 from "./s9-sql.js"
 import * as s10 from "./s10-failover.js"
 import * as s11 from "./s11-zookeeper.js"
+import * as s12 from "./s12-burst.js"
 import type { Env } from "./shared.js"
 import { connect, flushAll, fmt, gcAvailable, info, logLines, now, quietLogger, resetLogLines } from "./shared.js"
 
@@ -41,7 +42,8 @@ const scenarios: ReadonlyArray<{ readonly id: string; readonly run: (env: Env) =
   { id: "8", run: s8.run },
   { id: "9", run: s9.run },
   { id: "10", run: s10.run },
-  { id: "11", run: s11.run }
+  { id: "11", run: s11.run },
+  { id: "12", run: s12.run }
 ]
 
 const resultsFile = new URL("../results/latest.json", import.meta.url)
