@@ -99,8 +99,9 @@ export const run = (env: Env) =>
       const clientCpuMs = cpuMsSince(cpu)
       const serverCpuMs = ((yield* serverCpuSeconds(env.admin)) - serverCpu) * 1000
       const stats = yield* commandStats(env.admin)
-      const scripts = (stats.get("evalsha")?.calls ?? 0) + (stats.get("eval")?.calls ?? 0)
-      const scriptUsec = (stats.get("evalsha")?.usec ?? 0) + (stats.get("eval")?.usec ?? 0)
+      // lockstep runs its scripts as Redis Functions (FCALL) where the server allows it
+      const scripts = (stats.get("evalsha")?.calls ?? 0) + (stats.get("eval")?.calls ?? 0) + (stats.get("fcall")?.calls ?? 0)
+      const scriptUsec = (stats.get("evalsha")?.usec ?? 0) + (stats.get("eval")?.usec ?? 0) + (stats.get("fcall")?.usec ?? 0)
       const failedDuringHold = diffFailures(failures, failedBeforeHold)
       // what the server says: a lock's hash exists while it is held
       const serverHeldAtEnd = yield* Effect.promise(() => env.admin.exists(locks.map((lock) => lock.key)))

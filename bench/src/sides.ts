@@ -11,6 +11,7 @@ import Redlock from "redlock"
 import { FairLock, Lock, LockBackend } from "@lockstep/core"
 import { RedisBackend } from "@lockstep/redis"
 import { endedKeyOf, keysOf } from "../../packages/redis/src/internal/scripts/lock.js"
+import * as library from "../../packages/redis/src/internal/scripts/library.js"
 import * as scripts from "../../packages/redis/src/internal/scripts/lock.js"
 import type { Locker } from "./shared.js"
 import { connect, promiseLocker } from "./shared.js"
@@ -82,13 +83,20 @@ const floorEffectEvalsha: Side = {
     })
 }
 
-/** lockstep's acquire and release scripts on a connection of their own, called as the backend calls them. */
+/**
+ * lockstep's acquire and release scripts on a connection of their own, called as the backend calls
+ * them: FCALL of its function library (loaded here if the server does not have it yet).
+ */
 const lockstepScripts = (url: string, key: string) =>
   Effect.gen(function*() {
     const client = yield* connect(url)
-    const [acquire, release] = (yield* Effect.promise(() =>
-      Promise.all([client.script("LOAD", scripts.acquire.lua), client.script("LOAD", scripts.release.lua)])
-    )).map(String)
+    yield* Effect.promise(() =>
+      client.call("FUNCTION", "LOAD", library.source).catch((error: unknown) =>
+        error instanceof Error && error.message.includes("already exists") ? undefined : Promise.reject(error)
+      )
+    )
+    const acquire = library.functionOf(scripts.acquire)
+    const release = library.functionOf(scripts.release)
     let next = 0
     return {
       /** A new holder, as `withLock` makes one per cycle. */
@@ -96,19 +104,19 @@ const lockstepScripts = (url: string, key: string) =>
       acquire: (holder: string) => {
         const keys = keysOf(key, endedKeyOf(key, holder))
         // holder, mode, permits, limit, leaseMs, fair, waiterTtlMs, count, wake code, register
-        return client.evalsha(acquire!, keys.length, ...keys, holder, "x", 1, 1, 30_000, "0", 5_000, 1, "0", "0")
+        return client.fcall(acquire, keys.length, ...keys, holder, "x", 1, 1, 30_000, "0", 5_000, 1, "0", "0")
       },
       release: (holder: string) => {
         const keys = keysOf(key, endedKeyOf(key, holder))
         // holder, mode, count, leaseMs
-        return client.evalsha(release!, keys.length, ...keys, holder, "x", 1, 30_000)
+        return client.fcall(release, keys.length, ...keys, holder, "x", 1, 30_000)
       }
     }
   })
 
 /**
- * Not a lock API: lockstep's own acquire and release scripts, one EVALSHA each per cycle (a new
- * holder each time, with the arguments the backend sends), from a plain ioredis loop without
+ * Not a lock API: lockstep's own acquire and release scripts, one FCALL each per cycle (a new
+ * holder each time, with the arguments the backend sends, as it sends them), from a plain ioredis loop without
  * Effect. What the scripts cost on the server and on the wire: the ceiling of any client code
  * around them.
  */

@@ -1,6 +1,8 @@
 /**
- * The Redis backend of lockstep, on ioredis. Every operation is one Lua script (EVALSHA, loaded
- * on NOSCRIPT) judged on the server's clock; all keys of a lock share its cluster slot, so it
+ * The Redis backend of lockstep, on ioredis. Every operation is one Lua script (a Redis Function
+ * of lockstep's library, loaded once per server, where the server and the user allow FCALL and
+ * FUNCTION LOAD; EVALSHA, loaded on NOSCRIPT, otherwise) judged on the server's clock; all keys of
+ * a lock share its cluster slot, so it
  * works on Redis Cluster. The re-entrant `Lock` keeps Redisson's RLock layout, so a Redisson
  * process and a lockstep process exclude each other on the same name.
  *

@@ -139,15 +139,15 @@ describe.runIf(available || required)("Redis backend as a least-privilege ACL us
 
   it.scopedLive("a command the rule leaves out fails with a BackendError naming it", () =>
     Effect.gen(function*() {
-      // the documented rule without HGETALL, which every acquisition's script calls first
-      const { server } = yield* serverWithUser("lockstep", [...namespaced, "-hgetall"])
+      // the documented rule without EXISTS, which every acquisition's script calls first
+      const { server } = yield* serverWithUser("lockstep", [...namespaced, "-exists"])
       const backend = RedisBackend.layerFrom(as(server, "lockstep", namespaced, namespace))
       const error = yield* Effect.flip(Effect.scoped(Effect.gen(function*() {
         const lock = yield* Lock.make("orders:42")
         return yield* Lock.tryAcquire(lock)
       }))).pipe(Effect.provide(backend))
       assert.strictEqual(error._tag, "BackendError")
-      assert.match(error.message, /NOPERM this user has no permissions to run the HGETALL command, in the acquire script/)
+      assert.match(error.message, /NOPERM this user has no permissions to run the EXISTS command, in the acquire script/)
     }))
 
   it.scopedLive("wake-ups, latches, forced releases and the quarantine stay in the namespace", () =>

@@ -8,11 +8,13 @@ import type { Client, Tuning } from "../RedisBackend.js"
 import { keepOpen, subscriberFor, unlessConnectionFails, whenNotHandshaking } from "./clients.js"
 import { probeCommands } from "./commands.js"
 import { viaSentinels } from "./descriptions.js"
+import * as calls from "./calls.js"
 import type { ClientTracker } from "./tracker.js"
 import * as eviction from "./eviction.js"
 import * as replication from "./replication.js"
 import type { Script } from "./scripts/descriptor.js"
 import * as latch from "./scripts/latch.js"
+import * as library from "./scripts/library.js"
 import * as lock from "./scripts/lock.js"
 import { makeWakeups, wakeCode } from "./wakeups.js"
 
@@ -35,14 +37,6 @@ const quarantineOf = (tuning: Tuning | undefined, isCluster: boolean, sentinels:
   return Math.ceil(ms)
 }
 
-/** EVALSHA / EVAL with the keys and the arguments as arrays, which ioredis flattens. */
-type Evalsha = (
-  script: string,
-  numKeys: number,
-  keys: ReadonlyArray<string>,
-  args: ReadonlyArray<string | number>
-) => Promise<unknown>
-
 /**
  * The namespace of `client`: its ioredis `keyPrefix`, which ioredis puts before the KEYS of every
  * script (and the keys of every other command) but not before channel names. The backend puts it
@@ -55,13 +49,12 @@ const namespaceOf = (client: Client): string => {
   return typeof prefix === "string" ? prefix : ""
 }
 
-const isNoScript = (error: unknown) => error instanceof Error && error.message.startsWith("NOSCRIPT")
-
 /**
  * Redis's refusal of a command a script calls, or of a key it names, which says the script's line
- * but not the command.
+ * but not the command: the line of the EVAL script (`@user_script`), or of the library a
+ * function belongs to (`@user_function`).
  */
-const scriptRefused = /can't (run this command or subcommand|access at least one of the keys).*@user_script:(\d+)/
+const scriptRefused = /can't (run this command or subcommand|access at least one of the keys).*@user_(script|function):(\d+)/
 
 /**
  * `error` as the reply to script `s`: when the ACL user may not run a command the script calls (or
@@ -71,7 +64,8 @@ const scriptRefused = /can't (run this command or subcommand|access at least one
 export const permissionError = (s: Script, error: unknown): unknown => {
   const refused = error instanceof Error ? scriptRefused.exec(error.message) : null
   if (refused === null) return error
-  const source = s.lua.split("\n")[Number(refused[2]) - 1] ?? ""
+  const lines = refused[2] === "function" ? library.lines : s.lua.split("\n")
+  const source = lines[Number(refused[3]) - 1] ?? ""
   const command = /(?:redis\.call|redis\.pcall|chunked)\('([A-Z]+)'/.exec(source)?.[1]
   const what = command === undefined ? "a command" : `the ${command} command`
   const denied = refused[1]!.startsWith("run") ? `run ${what}` : `access a key that ${what} names`
@@ -117,27 +111,49 @@ export const make = (
     /** The cluster slot of a lock's keys, as the server names them (in the namespace). */
     const slotOf = namespace === "" ? calculateSlot : (key: string) => calculateSlot(namespace + key)
 
+    /** How scripts go out (FCALL or EVALSHA), for this backend's calls and its acknowledged ones. */
+    const caller = calls.make(client)
+
     /**
-     * One script call: EVALSHA, and EVAL when the server does not know the script yet. Settles
-     * with the reply, or fails with BackendError (naming the endpoint and the connection's
-     * trouble) once the command timeout passes: see `ClientTracker.call`.
+     * What answers a call of `s` sent `way` that failed with `error`: the call sent again once
+     * `caller` recovered (the library loaded, EVAL after NOSCRIPT, EVALSHA where FCALL is
+     * refused), a clearer refusal, or undefined (the error stands).
      */
-    const scripting = client as unknown as { readonly evalsha: Evalsha; readonly eval: Evalsha }
-    const run = (s: Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) =>
-      tracker.call(
+    const retry = (
+      s: Script,
+      keys: ReadonlyArray<string>,
+      args: ReadonlyArray<string | number>,
+      way: calls.Way,
+      error: unknown,
+      step: number
+    ): Promise<unknown> | undefined => {
+      const next = step < calls.maxSteps ? caller.recover(client, way, error, step) : undefined
+      if (next === undefined) {
+        const refused = refusal(s, error)
+        return refused === error ? undefined : Promise.reject(refused)
+      }
+      return next.then((again) =>
+        caller.send(client, again, s, keys, args).catch((cause: unknown) =>
+          retry(s, keys, args, again, cause, step + 1) ?? Promise.reject(cause)
+        )
+      )
+    }
+
+    /**
+     * One script call (see calls.ts). Settles with the reply, or fails with BackendError (naming
+     * the endpoint and the connection's trouble) once the command timeout passes: see
+     * `ClientTracker.call`.
+     */
+    const run = (s: Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) => {
+      const way = caller.way()
+      return tracker.call(
         s.name,
-        // ioredis flattens array arguments one level: the keys and arguments go as they are
-        () => scripting.evalsha(s.sha, keys.length, keys, args),
+        () => caller.send(client, way, s, keys, args),
         "commands",
         isCluster ? slotOf(keys[0]!) : undefined,
-        (error) => {
-          if (isNoScript(error)) {
-            return scripting.eval(s.lua, keys.length, keys, args).catch((cause: unknown) => Promise.reject(refusal(s, cause)))
-          }
-          const refused = refusal(s, error)
-          return refused === error ? undefined : Promise.reject(refused)
-        }
+        (error) => retry(s, keys, args, way, error, 1)
       )
+    }
 
     // replica acknowledgement (`replication`): checked before anything is opened; a mistake in it
     // fails the build as a bad URL fails `layerFrom`, with BackendError "connect"
@@ -173,7 +189,7 @@ export const make = (
     }
     const acknowledged = replicated === undefined
       ? undefined
-      : yield* replication.make(client, replicated, (c) => tracker.watch(c, "acknowledged"))
+      : yield* replication.make(client, replicated, caller, (c) => tracker.watch(c, "acknowledged"))
 
     /**
      * A script whose writes must reach the replicas before its caller relies on them: with
@@ -194,7 +210,11 @@ export const make = (
           () => acknowledged.run(s, keys, args, needs),
           // a connection of its own: its health is not the commands connection's
           "acknowledged",
-          isCluster ? slotOf(keys[0]!) : undefined
+          isCluster ? slotOf(keys[0]!) : undefined,
+          (error) => {
+            const refused = refusal(s, error)
+            return refused === error ? undefined : Promise.reject(refused)
+          }
         )
 
     /** The error for `outcome`'s writes (a `what`) if too few replicas acknowledged them. */

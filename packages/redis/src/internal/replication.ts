@@ -31,6 +31,8 @@ import { Data, Duration, Effect, Either } from "effect"
 import type { Cluster, Redis } from "ioredis"
 import { InvalidLockOptions } from "@lockstep/core/LockError"
 import type { Client, Tuning } from "../RedisBackend.js"
+import type { ScriptCaller, Way } from "./calls.js"
+import { maxSteps } from "./calls.js"
 import { commandTimeout, duplicateOf, keepOpen } from "./clients.js"
 import { isCluster } from "./descriptions.js"
 import type { Script } from "./scripts/descriptor.js"
@@ -144,7 +146,8 @@ export interface Outcome {
 /** The connection that carries the scripts that need acknowledging, and their `WAIT`s. */
 export interface Acknowledged {
   /**
-   * Runs `script` (EVALSHA, then EVAL on NOSCRIPT) followed by a `WAIT`, and settles with its reply
+   * Runs `script` (as the backend's other calls do: FCALL or EVALSHA, see calls.ts) followed by a
+   * `WAIT`, and settles with its reply
    * and, when `needs(reply)`, the replicas that acknowledged it. A reply that needs none (a denied
    * attempt, say) settles as soon as it arrives.
    */
@@ -155,8 +158,6 @@ export interface Acknowledged {
     needs: (reply: unknown) => boolean
   ) => Promise<Outcome>
 }
-
-const isNoScript = (error: unknown) => error instanceof Error && error.message.startsWith("NOSCRIPT")
 
 /** `WAIT` answers a count; `WAITAOF 0 n t` answers [local, replicas]. */
 const countOf = (reply: unknown): number => Number(Array.isArray(reply) ? reply[1] : reply)
@@ -185,7 +186,7 @@ interface Ticket {
 }
 
 /** On a single server: grouped `WAIT`s, at most one in flight. */
-const onServer = (client: Redis, settings: Settings): Acknowledged => {
+const onServer = (client: Redis, settings: Settings, caller: ScriptCaller): Acknowledged => {
   /** Scripts written so far. */
   let written = 0
   let waiting = false
@@ -233,7 +234,7 @@ const onServer = (client: Redis, settings: Settings): Acknowledged => {
     needs: (reply: unknown) => boolean
   ) =>
     new Promise<Outcome>((resolve, reject) => {
-      const attempt = (loaded: boolean) => {
+      const attempt = (way: Way, step: number) => {
         let reply: { readonly value: unknown } | undefined
         let acknowledged: number | Error | undefined
         const finish = (value: unknown, outcome: number | Error) =>
@@ -249,9 +250,7 @@ const onServer = (client: Redis, settings: Settings): Acknowledged => {
             }
           }
         })
-        const sent = loaded
-          ? client.evalsha(script.sha, keys.length, ...keys, ...args)
-          : client.eval(script.lua, keys.length, ...keys, ...args)
+        const sent = caller.send(client, way, script, keys, args)
         // right behind the script, on the same connection (or with the next group)
         ask()
         sent.then(
@@ -261,13 +260,15 @@ const onServer = (client: Redis, settings: Settings): Acknowledged => {
             else if (acknowledged !== undefined) finish(value, acknowledged)
           },
           (error: unknown) => {
-            // the script's own NOSCRIPT: EVAL goes out as a new write, covered by a later WAIT
-            if (loaded && isNoScript(error)) attempt(false)
-            else reject(error)
+            // the library or the script missing (or FCALL refused): sent again once recovered, as
+            // a new write, covered by a later WAIT
+            const next = step < maxSteps ? caller.recover(client, way, error, step) : undefined
+            if (next === undefined) reject(error)
+            else next.then((again) => attempt(again, step + 1), reject)
           }
         )
       }
-      attempt(true)
+      attempt(caller.way(), 1)
     })
 
   return { run }
@@ -276,7 +277,7 @@ const onServer = (client: Redis, settings: Settings): Acknowledged => {
 const isRedirection = (error: unknown) => error instanceof Error && /^(MOVED|ASK) /.test(error.message)
 
 /** On a Redis Cluster: a pipeline [script, WAIT] per call, routed by the key's slot. */
-const onCluster = (cluster: Cluster, settings: Settings): Acknowledged => {
+const onCluster = (cluster: Cluster, settings: Settings, caller: ScriptCaller): Acknowledged => {
   const refreshed = () =>
     new Promise<void>((resolve) => {
       cluster.refreshSlotsCache(() => resolve())
@@ -288,18 +289,21 @@ const onCluster = (cluster: Cluster, settings: Settings): Acknowledged => {
     args: ReadonlyArray<string | number>,
     needs: (reply: unknown) => boolean
   ): Promise<Outcome> => {
-    let loaded = true
+    let way = caller.way()
+    let step = 1
     let redirected = false
     for (;;) {
       const pipeline = cluster.pipeline()
-      if (loaded) pipeline.evalsha(script.sha, keys.length, ...keys, ...args)
-      else pipeline.eval(script.lua, keys.length, ...keys, ...args)
+      caller.queue(pipeline, way, script, keys, args)
       pipeline.call(...waitCommand(settings))
       const results = (await pipeline.exec()) ?? []
       const [scriptError, reply] = results[0] ?? [new Error("no reply to the script"), undefined]
       if (scriptError !== null && scriptError !== undefined) {
-        if (loaded && isNoScript(scriptError)) {
-          loaded = false
+        // the library or the script missing on that node (or FCALL refused): once recovered, again
+        const next = step < maxSteps ? caller.recover(cluster, way, scriptError, step) : undefined
+        if (next !== undefined) {
+          way = await next
+          step++
           continue
         }
         // a redirection fails the whole pipeline (the WAIT ran elsewhere): once, on the new slot map
@@ -326,6 +330,7 @@ const onCluster = (cluster: Cluster, settings: Settings): Acknowledged => {
 export const make = (
   client: Client,
   settings: Settings,
+  caller: ScriptCaller,
   watch: (client: Client) => Effect.Effect<void, never, Scope.Scope>
 ): Effect.Effect<Acknowledged, never, Scope.Scope> =>
   Effect.gen(function*() {
@@ -335,7 +340,7 @@ export const make = (
     yield* watch(duplicated)
     const close = keepOpen(duplicated)
     yield* Effect.addFinalizer(() => Effect.sync(close))
-    return isCluster(duplicated) ? onCluster(duplicated, settings) : onServer(duplicated as Redis, settings)
+    return isCluster(duplicated) ? onCluster(duplicated, settings, caller) : onServer(duplicated as Redis, settings, caller)
   })
 
 /**
