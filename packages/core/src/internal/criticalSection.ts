@@ -2,9 +2,8 @@
  * Critical sections: a body run under leases in a fiber of its own, interrupted when a hold is
  * lost, and the leases released once its scope closed.
  */
-import { Cause, Context, Effect, Equal, ExecutionStrategy, Exit, Fiber, FiberId, FiberRef, FiberRefs, Option, Runtime, RuntimeFlags, RuntimeFlagsPatch, Scope } from "effect"
+import { Cause, Context, Effect, Equal, Exit, Fiber, FiberId, FiberRef, FiberRefs, Option, Runtime, RuntimeFlags, RuntimeFlagsPatch, Scope } from "effect"
 import type * as Arr from "effect/Array"
-import { pipeArguments } from "effect/Pipeable"
 import type { Lease } from "../Lease.js"
 import type { LockLost, LockTimeout } from "../LockError.js"
 import type { AttemptError } from "./acquisition.js"
@@ -12,54 +11,10 @@ import { takeGrant } from "./acquisition.js"
 import type { HeldLeases } from "./fiberHolds.js"
 import { heldLeases } from "./fiberHolds.js"
 import * as HeldSet from "./heldSet.js"
+import type { Held } from "./holdRecord.js"
 import type { Grant } from "./lease.js"
 import { recordOf } from "./lease.js"
 import type { Body, LockSpec, Restore, Retry } from "./spec.js"
-
-/**
- * The body's scope: a scope of Effect's own, made when the body first uses it (most bodies never
- * add a finalizer, and making and closing one costs a map and a few steps on every critical
- * section). Closed, it stays closed: a finalizer added later runs at once, as Effect's do.
- * `fork`, `addFinalizer` and `close` are the methods Effect 3's own scopes have and its
- * functions (`Scope.addFinalizer`, `Effect.acquireRelease`, ...) call.
- */
-class BodyScope implements Scope.CloseableScope {
-  readonly [Scope.ScopeTypeId]: Scope.ScopeTypeId = Scope.ScopeTypeId
-  readonly [Scope.CloseableScopeTypeId]: Scope.CloseableScopeTypeId = Scope.CloseableScopeTypeId
-  readonly strategy: ExecutionStrategy.ExecutionStrategy = ExecutionStrategy.sequential
-  private made: Scope.CloseableScope | undefined = undefined
-  private closedWith: Exit.Exit<unknown, unknown> | undefined = undefined
-  /** The scope behind this one, made now if need be (and closed at once if this one is closed). */
-  private readonly real: Effect.Effect<Scope.CloseableScope> = Effect.suspend(() =>
-    this.made !== undefined ? Effect.succeed(this.made) : Effect.flatMap(Scope.make(this.strategy), (made) => {
-      // another fiber of the body made it meanwhile
-      if (this.made !== undefined) return Effect.succeed(this.made)
-      this.made = made
-      return this.closedWith === undefined ? Effect.succeed(made) : Effect.as(Scope.close(made, this.closedWith), made)
-    })
-  )
-  /** Whether nothing was ever added to the scope (nothing to close). */
-  get unused(): boolean {
-    return this.made === undefined
-  }
-  fork(strategy: ExecutionStrategy.ExecutionStrategy): Effect.Effect<Scope.CloseableScope> {
-    return Effect.flatMap(this.real, (real) => Scope.fork(real, strategy))
-  }
-  addFinalizer(finalizer: Scope.Scope.Finalizer): Effect.Effect<void> {
-    return Effect.flatMap(this.real, (real) => Scope.addFinalizerExit(real, finalizer))
-  }
-  close(exit: Exit.Exit<unknown, unknown>): Effect.Effect<void> {
-    return Effect.suspend(() => {
-      if (this.closedWith !== undefined) return Effect.void
-      this.closedWith = exit
-      return this.made === undefined ? Effect.void : Scope.close(this.made, exit)
-    })
-  }
-  pipe() {
-    // eslint-disable-next-line prefer-rest-params
-    return pipeArguments(this, arguments)
-  }
-}
 
 /**
  * How many body fibers are being started on the current stack, one inside another: past
@@ -90,10 +45,25 @@ export const whileHeld = <A, E, R>(
   restore: Restore,
   close: Effect.Effect<void>
 ): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> =>
-  Effect.withFiberRuntime((parent, status) => {
-    const scope = new BodyScope()
-    const flags = status.runtimeFlags
+  Effect.suspend(() => {
     const helds = leases.map(recordOf)
+    // a hold lost before the body could start (a multi-lock's first part, while it waited for
+    // the others): the body never runs
+    const lostBefore = helds.find((held) => held.dead)
+    if (lostBefore !== undefined) return Effect.zipRight(close, lostBefore.lost)
+    // a scope of Effect's own: Effect's functions (forkScoped, Stream.broadcast) read its state
+    return Effect.flatMap(Scope.make(), (scope) => runBody(helds, scope, body, restore, close))
+  })
+
+const runBody = <A, E, R>(
+  helds: ReadonlyArray<Held>,
+  scope: Scope.CloseableScope,
+  body: Effect.Effect<A, E, R>,
+  restore: Restore,
+  close: Effect.Effect<void>
+): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> =>
+  Effect.withFiberRuntime((parent, status) => {
+    const flags = status.runtimeFlags
     // withLock leaves the caller's holds alone: the records are the body's
     let all = parent.getFiberRef(heldLeases).all
     for (const held of helds) if (!HeldSet.has(all, held)) all = HeldSet.add(all, held)
@@ -131,7 +101,7 @@ export const whileHeld = <A, E, R>(
         if (i !== -1) held.bodies.splice(i, 1)
       }
       // the lease ends even if a finalizer of the body dies
-      return scope.unused ? Effect.zipRight(scope.close(exit), close) : Effect.ensuring(scope.close(exit), close)
+      return Effect.ensuring(Scope.close(scope, exit), close)
     }
     const ended = (exit: Exit.Exit<A, E>): Effect.Effect<A, E | LockLost> => {
       const dead = Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause) ? helds.find((held) => held.dead) : undefined
