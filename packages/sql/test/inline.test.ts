@@ -12,10 +12,15 @@ const mysql = Dialect.make("mysql", table)
 const sqlite = Dialect.make("sqlite", table)
 
 describe("literals", () => {
-  it("PostgreSQL: escape strings with backslashes and quotes doubled, whatever standard_conforming_strings says", () => {
-    assert.strictEqual(Dialect.postgresLiteral("plain"), "E'plain'")
-    assert.strictEqual(Dialect.postgresLiteral("it's \\ $1 ?"), "E'it''s \\\\ $1 ?'")
-    assert.strictEqual(Dialect.postgresLiteral(["a", "b'"]), "ARRAY[E'a', E'b''']::text[]")
+  it("PostgreSQL: dollar-quoted strings, with a tag the text does not close early", () => {
+    assert.strictEqual(Dialect.postgresLiteral("plain"), " $l$plain$l$")
+    assert.strictEqual(Dialect.postgresLiteral("it's \\ $1 ?"), " $l$it's \\ $1 ?$l$")
+    // the text holds the tag, or ends with what the closing tag would complete
+    assert.strictEqual(Dialect.postgresLiteral("a$l$b"), " $l1$a$l$b$l1$")
+    assert.strictEqual(Dialect.postgresLiteral("a$l"), " $l1$a$l$l1$")
+    assert.strictEqual(Dialect.postgresLiteral("$l1$$l$"), " $l2$$l1$$l$$l2$")
+    assert.strictEqual(Dialect.postgresLiteral(""), " $l$$l$")
+    assert.strictEqual(Dialect.postgresLiteral(["a", "b'"]), "ARRAY[ $l$a$l$,  $l$b'$l$]::text[]")
     assert.strictEqual(Dialect.postgresLiteral([]), "ARRAY[]::text[]")
     assert.strictEqual(Dialect.postgresLiteral(-1.5e21), "-1.5e+21")
   })
@@ -43,7 +48,7 @@ describe("inline", () => {
   it("PostgreSQL: $n is the nth parameter, $10 included", () => {
     const params = Array.from({ length: 11 }, (_, i) => `p${i + 1}`)
     const sql = pg.inline({ sql: "SELECT $1, $10, $11, $2", params })
-    assert.strictEqual(sql, "SELECT E'p1', E'p10', E'p11', E'p2'")
+    assert.strictEqual(sql, "SELECT  $l$p1$l$,  $l$p10$l$,  $l$p11$l$,  $l$p2$l$")
   })
 
   it("MySQL: each ? is the next parameter, and a literal's own text is never read as one", () => {

@@ -151,15 +151,28 @@ const questionMarkReads = (t: string, e: string, now: string): Pick<Dialect, "re
 const numberLiteral = (value: number): string | undefined => (Number.isFinite(value) ? String(value) : undefined)
 
 /**
- * A PostgreSQL literal of `value`: an escape string (`E'…'`, whose meaning does not depend on
- * `standard_conforming_strings`) with backslashes and quotes doubled, a number, or a text array.
- * The driver sends SQL text as UTF-8, where neither byte occurs inside another character.
+ * `value` dollar-quoted (`$l$…$l$`), with the first tag that the text does not close early: its
+ * content is taken as it is, with no escape to read, so its meaning depends on no setting
+ * (`standard_conforming_strings`, `backslash_quote`). An escape string would not do: under a
+ * client-only `client_encoding` (SJIS, BIG5, GBK, ...) a backslash can be read as the second byte
+ * of a character, which unbalances the escapes; `$` is never such a byte, so a text that would be
+ * misread there fails as an invalid byte sequence instead. A space before it keeps it apart from
+ * whatever precedes the placeholder.
  */
+const dollarQuoted = (value: string): string => {
+  for (let i = 0; ; i++) {
+    const tag = i === 0 ? "$l$" : `$l${i}$`
+    // the first tag in the text followed by the closing tag must be that closing tag
+    if ((value + tag).indexOf(tag) === value.length) return ` ${tag}${value}${tag}`
+  }
+}
+
+/** A PostgreSQL literal of `value`: a dollar-quoted string, a number, or a text array. */
 export const postgresLiteral = (value: unknown): string | undefined => {
   if (typeof value === "string") {
     // NUL ends the text of a simple query, and text values cannot hold it anyway
     if (value.includes("\u0000")) return undefined
-    return `E'${value.replace(/\\/g, "\\\\").replace(/'/g, "''")}'`
+    return dollarQuoted(value)
   }
   if (typeof value === "number") return numberLiteral(value)
   if (Array.isArray(value)) {
