@@ -19,7 +19,7 @@
  * @since 0.1.0
  */
 import { Array as Arr, Cause, Clock, Data, Effect, Either, Exit, Option, Order, Ref } from "effect"
-import type { HoldMode, Service } from "@lockstep/core/LockBackend"
+import type { AcquireRequest, HoldMode, Service, Subscription } from "@lockstep/core/LockBackend"
 
 /**
  * A recorded event. `at` orders events; `time` (optional) is a clock reading used only to end
@@ -574,16 +574,55 @@ export const instrument = (recorder: Recorder, backend: Service): Service => {
   const uncertain = new Set<string>()
   const attempt = (r: { readonly key: string; readonly holder: string; readonly mode: HoldMode; readonly count: number }) =>
     `${r.key}\u0000${r.holder}\u0000${r.mode}\u0000${r.count}`
+  // A hand-off (the backend granted a waiter on its own, see `LockBackend.HandOff`) is recorded
+  // when the waiter takes it, numbered as if answered to its last attempt (the backend granted it
+  // after that attempt was processed), expiring a claim after that attempt was sent. The waiter's
+  // own acquire that confirms it (the same fence) is not a second grant.
+  const lastAttempt = new Map<string, { readonly request: AcquireRequest; readonly before: number; readonly invokedAt: number }>()
+  const handedOver = new Map<string, number>()
+  const holderOf = (key: string, holder: string) => `${key}\u0000${holder}`
   return {
     ...backend,
+    subscribe: (key, holder, mode) =>
+      Effect.map(backend.subscribe(key, holder, mode), (subscription): Subscription => {
+        const take = subscription.takeHandOff
+        if (take === undefined) return subscription
+        return {
+          ...subscription,
+          takeHandOff: Effect.tap(take, (handOff) => {
+            const last = lastAttempt.get(holderOf(key, holder))
+            if (handOff === undefined || last === undefined) return Effect.void
+            lastAttempt.delete(holderOf(key, holder))
+            handedOver.set(holderOf(key, holder), handOff.fence)
+            return recorder.grant({
+              key,
+              holder,
+              mode: last.request.mode,
+              permits: last.request.permits,
+              limit: last.request.limit,
+              fence: handOff.fence,
+              expiresAt: last.before + handOff.claimMs,
+              invokedAt: last.invokedAt
+            })
+          })
+        }
+      }),
     acquire: (request) =>
       Effect.gen(function*() {
         const before = yield* Clock.currentTimeMillis
         const invokedAt = yield* recorder.sequence
+        lastAttempt.set(holderOf(request.key, request.holder), { request, before, invokedAt })
         const result = yield* backend.acquire(request).pipe(
           Effect.tapErrorTag("BackendError", () => Effect.sync(() => uncertain.add(attempt(request))))
         )
+        const handed = handedOver.get(holderOf(request.key, request.holder))
+        if (handed !== undefined) {
+          handedOver.delete(holderOf(request.key, request.holder))
+          // the acquire that confirms a hand-off the waiter did not rely on: the grant was recorded
+          if (result._tag === "Granted" && result.fence === handed && request.count === 1) return result
+        }
         if (result._tag === "Granted") {
+          lastAttempt.delete(holderOf(request.key, request.holder))
           yield* recorder.grant({
             key: request.key,
             holder: request.holder,

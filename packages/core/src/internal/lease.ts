@@ -64,14 +64,16 @@ class LeaseImpl implements Lease {
  * Binds a grant to the lease's scope: joins the holder's live record (re-entry) or starts a new
  * one with its watchdog, and registers the release. The last lease of a record to close stops the
  * watchdog; every lease releases its own hold. Where the record is held (the scope owner's fiber,
- * or withLock's body) is the caller's business.
+ * or withLock's body) is the caller's business. `claimMs`: the grant is a hand-off's claim (see
+ * `HandOff`), which the record holds until `sentAt` + `claimMs` unless it confirms it sooner.
  */
 export const attach = (
   spec: LockSpec,
   request: AcquireRequest,
   fence: number,
   sentAt: number,
-  found: Held | undefined
+  found: Held | undefined,
+  claimMs?: number
 ): Effect.Effect<Grant> => {
   const bind = (record: Held): Grant => {
     if (spec.mode === "exclusive") record.counts.exclusive = request.count
@@ -89,7 +91,7 @@ export const attach = (
     found.leases++
     return Effect.succeed(bind(found))
   }
-  return Effect.map(startHeld(spec, request, fence, sentAt), bind)
+  return Effect.map(startHeld(spec, request, fence, sentAt, claimMs), bind)
 }
 
 /**
