@@ -316,12 +316,13 @@ const waitForGrant = (
       // The claim's lease started on the backend when the release granted it, which was after
       // this waiter's last attempt was processed (the backend hands over only such claims), so
       // after it was sent: sentAt + claimMs, less the drift allowance, is never later than the
-      // backend's expiry of the claim. While that deadline is ahead the hold is ours at once (its
-      // record confirms it off the critical path: see `Held`); past it the claim may be gone, and
-      // the next attempt confirms it instead (a holder's acquire answers its fence and count 1)
-      // or finds it gone.
+      // backend's expiry of the claim. While at least half of that is ahead, the hold is ours at
+      // once (its record confirms it off the critical path, with the other half to spare: see
+      // `Held`); later, the claim may be gone before a confirmation reaches it, and the next
+      // attempt confirms it instead (a holder's acquire answers its fence and count 1) or finds
+      // it gone.
       const woke = yield* monotonicMillis
-      const grant = woke < sentAt + handOff.claimMs - driftMs(handOff.claimMs)
+      const grant = woke - sentAt <= (handOff.claimMs - driftMs(handOff.claimMs)) / 2
         ? handedOver(handOff.fence, sentAt, handOff.claimMs)
         : undefined
       if (grant !== undefined) return yield* grant

@@ -200,7 +200,7 @@ local flat = redis.call('HGETALL', key)
 -- the fast path: a first hold of a free key no one waits for (and no quarantine to look at)
 local memo = nil
 if #flat == 0 and count == 1 and longest == 0 and (excl or limit < 0 or permits <= limit) then
-  memo = redis.call('MGET', ended, sentinel)
+  memo = redis.call('MGET', ended, sentinel, token)
   -- a late copy from a holder that ended (nil array items: false on Redis, userdata in ioredis-mock)
   if type(memo[1]) == 'string' then return {5} end
   if type(memo[2]) ~= 'string' then
@@ -272,7 +272,7 @@ end
 
 -- not a holder: a re-entry whose hold is gone, or a late copy from a holder that ended
 if count > 1 then return {5} end
-if memo == nil then memo = redis.call('MGET', ended, sentinel) end
+if memo == nil then memo = redis.call('MGET', ended, sentinel, token) end
 if type(memo[1]) == 'string' then return {5} end
 local waiting = type(memo[2]) == 'string'
 
@@ -292,8 +292,9 @@ if fair and waiting then
   if mine == nil and fmOther ~= fm then
     local other = redis.call('ZSCORE', fq, fmOther)
     if other then
+      -- (its expiry: refreshed below when denied; a grant takes it out)
       redis.call('ZADD', fq, other, fm)
-      redis.call('ZADD', fqt, redis.call('ZSCORE', fqt, fmOther) or fmt(now + waiterTtl), fm)
+      redis.call('ZADD', fqt, fmt(now + waiterTtl), fm)
       redis.call('ZREM', fq, fmOther)
       redis.call('ZREM', fqt, fmOther)
       mine = other
@@ -384,7 +385,8 @@ if keys ~= nil then
   -- the fence floor: every fence issued before this denial is at most the last one kept or, once
   -- that expired, the clock (a kept fence outlives the clock's passing it); a hand-off that names
   -- a fence above it was granted after this attempt was processed (see lockstep's wakeups.ts)
-  local last = tonumber(redis.call('GET', token) or '0') or 0
+  -- (the last fence as read before: this attempt issued none)
+  local last = type(memo[3]) == 'string' and tonumber(memo[3]) or 0
   return {0, fmt(retry), fmt(math.max(last, nowUs))}
 end
 return {0, fmt(retry)}
