@@ -392,6 +392,34 @@ export interface Subscription {
    * With it, the lock API waits for a wake-up or a timer without a fiber for each.
    */
   readonly unsafeOnWake?: ((wake: (resumed: Effect.Effect<void>) => void) => () => void) | undefined
+  /**
+   * The hand-off delivered with the last wake-up, if any (taken once): the backend granted the
+   * waiter the lock itself (see `HandOff`). Absent for backends that only wake.
+   */
+  readonly takeHandOff?: Effect.Effect<HandOff | undefined> | undefined
+}
+
+/**
+ * A grant a backend made to a waiter on its own, when the hold before it ended (a hand-off): a
+ * claim, a hold of count 1 with `fence` that the backend keeps `claimMs` unless the holder
+ * confirms it (a renewal, or an acquire by the holder, which finds it the holder and answers the
+ * same fence and count). A backend hands one over only if the claim was granted after the
+ * waiter's last denied acquire was processed, so a lease deadline measured from when that
+ * acquire was sent, plus `claimMs`, is never later than the backend's expiry of the claim.
+ *
+ * @example
+ * ```ts
+ * import type { LockBackend } from "@lockstep/core"
+ *
+ * const handOff: LockBackend.HandOff = { fence: 42, claimMs: 2_000 }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface HandOff {
+  readonly fence: number
+  readonly claimMs: number
 }
 
 /**

@@ -114,14 +114,18 @@ describe.runIf(runnable)("Redis backend: commands per operation and wake-ups", (
       const { counts, service } = counting(yield* backendOn(server.url, tuning))
       const sem = yield* Semaphore.make("commands-semaphore", { limit: 1 }).pipe(withBackend(service))
       const n = 30
+      // grants counted where they are used: a release hands the permit over without an acquire
+      let grants = 0
       yield* Effect.forEach(
         Array.from({ length: n }),
-        () => Semaphore.withPermits(Effect.sleep("2 millis"), sem, { timeout: "60 seconds" }),
+        () => Semaphore.withPermits(Effect.zipRight(Effect.sync(() => grants++), Effect.sleep("2 millis")), sem, { timeout: "60 seconds" }),
         { concurrency: "unbounded", discard: true }
       )
-      const perGrant = counts.acquire / counts.granted
-      console.log(`[commands] ${n} fibers on a 1-permit semaphore: ${counts.acquire} acquire calls for ${counts.granted} grants`)
-      assert.strictEqual(counts.granted, n)
+      const perGrant = counts.acquire / grants
+      console.log(
+        `[commands] ${n} fibers on a 1-permit semaphore: ${counts.acquire} acquire calls for ${grants} grants (${counts.granted} answered by an acquire, the others handed over)`
+      )
+      assert.strictEqual(grants, n)
       // each waiter: a first attempt, one once subscribed, one when woken (plus a few lost races);
       // waking every shared waiter on each release would cost about n / 2 per grant
       assert.isAtMost(perGrant, 5)
@@ -162,7 +166,9 @@ describe.runIf(runnable)("Redis backend: commands per operation and wake-ups", (
       const after = waiters.reduce((sum, w) => sum + w.counts.acquire, 0) - before
       console.log(`[commands] one release, 7 waiting backends: ${after} acquire call(s) followed`)
       assert.strictEqual(grants, 1)
-      assert.strictEqual(after, 1, "the release woke more than the waiter it granted")
+      // the release handed the lock to one waiter, which holds it without an acquire of its own,
+      // and woke no other
+      assert.strictEqual(after, 0, "the release woke a waiter it did not hand the lock to")
       yield* Deferred.succeed(done, undefined)
       yield* Effect.forEach(fibers, Fiber.join)
     }))

@@ -71,7 +71,7 @@ describe.runIf(available || required)("Redisson's RLock protocol and lockstep ex
         assert.isAbove(fence, 0)
       })))
 
-  it.live("every release that frees the key ends with Redisson's unlock message 0, also when it wakes a lockstep waiter by its code; every message is a Java long", () =>
+  it.live("every release that frees the key ends with Redisson's unlock message 0; a release that hands the key to a lockstep waiter keeps it held (for Redisson too) and says so in two numbers; every message is a Java long", () =>
     withRedis((client) =>
       Effect.gen(function*() {
         const messages: Array<string> = []
@@ -85,6 +85,7 @@ describe.runIf(available || required)("Redisson's RLock protocol and lockstep ex
           (sub) => Effect.sync(() => sub.disconnect())
         )
         assert.isDefined(listener)
+        const redisson = redissonLike(client, "shared-name", "7c1f0e2a-redisson:1")
         const lock = yield* Lock.make("shared-name")
         const holding = yield* Deferred.make<void>()
         const release = yield* Deferred.make<void>()
@@ -92,17 +93,30 @@ describe.runIf(available || required)("Redisson's RLock protocol and lockstep ex
           Lock.withLock(Effect.zipRight(Deferred.succeed(holding, undefined), Deferred.await(release)), lock)
         )
         yield* Deferred.await(holding)
-        const waiter = yield* Effect.fork(Lock.withLock(Effect.void, lock, { timeout: "10 seconds" }))
+        const handedOver = yield* Deferred.make<void>()
+        const done = yield* Deferred.make<void>()
+        const waiter = yield* Effect.fork(
+          Lock.withLock(Effect.zipRight(Deferred.succeed(handedOver, undefined), Deferred.await(done)), lock, { timeout: "10 seconds" })
+        )
         yield* Effect.sleep("200 millis")
         yield* Deferred.succeed(release, undefined)
         yield* Fiber.join(holder)
+        yield* Deferred.await(handedOver)
+        // the key went from the holder to the waiter without being free: a Redisson client is kept out
+        const ttl = yield* redisson.tryLock(30_000)
+        assert.isTrue(typeof ttl === "number" && ttl > 0, `Redisson client got a handed-over lock: ${String(ttl)}`)
+        yield* Deferred.succeed(done, undefined)
         yield* Fiber.join(waiter)
         yield* Effect.sleep("200 millis")
-        // the holder's release woke the waiter by its code, then said 0; the waiter's release said 0
+        // the holder's release handed the key over ('1' and the waiter's code in 18 digits, then the
+        // fence), and said no 0: the key stayed held; the waiter's release freed it and said 0
         assert.strictEqual(messages.length, 3, messages.join(" "))
-        assert.match(messages[0]!, /^-[1-9]\d*$/)
-        assert.deepStrictEqual(messages.slice(1), ["0", "0"])
+        assert.match(messages[0]!, /^1\d{17}$/)
+        assert.match(messages[1]!, /^[1-9]\d*$/)
+        assert.deepStrictEqual(messages.slice(2), ["0"])
         for (const message of messages) assert.isTrue(BigInt(message) < 2n ** 63n && BigInt(message) >= -(2n ** 63n))
+        // and a Redisson client gets it now
+        assert.isNull(yield* redisson.tryLock(30_000))
       }).pipe(Effect.scoped)))
 
   it.live("a lock held by lockstep keeps a Redisson-protocol client out until it is released", () =>

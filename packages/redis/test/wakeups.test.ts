@@ -50,6 +50,44 @@ describe("wake-up hub", () => {
     assert.strictEqual(new Set(codes).size, codes.length)
   })
 
+  it.scoped("a hand-off wakes the waiter it names and is taken once, only if its fence is above the waiter's last denial", () =>
+    Effect.gen(function*() {
+      const { wakeups } = hub()
+      const a = yield* wakeups.subscribe("ch", "c:1", "exclusive")
+      const b = yield* wakeups.subscribe("ch", "c:2", "exclusive")
+      const handOff = (holder: string, fence: number) => {
+        wakeups.onMessage("ch", `1${wakeCode(holder).padStart(17, "0")}`)
+        wakeups.onMessage("ch", String(fence))
+      }
+      // before any denial: no floor, nothing to rely on (it still wakes the waiter, which looks again)
+      handOff("c:1", 1_000)
+      assert.isTrue(yield* woken(a.await))
+      assert.isUndefined(yield* a.takeHandOff!)
+      // denied with floor 1000, asking for claims of 500 ms
+      wakeups.denied("ch", "c:1", wakeCode("c:1"), 1_000, 500)
+      // a stale one (a fence not above the floor: granted before that denial was processed)
+      handOff("c:1", 1_000)
+      assert.isTrue(yield* woken(a.await))
+      assert.isUndefined(yield* a.takeHandOff!)
+      // a fresh one: taken once; a copy of it later is not taken again
+      handOff("c:1", 1_001)
+      assert.isFalse(yield* woken(b.await), "a hand-off woke another waiter")
+      assert.isTrue(yield* woken(a.await))
+      assert.deepStrictEqual(yield* a.takeHandOff!, { fence: 1_001, claimMs: 500 })
+      assert.isUndefined(yield* a.takeHandOff!)
+      // the two messages are one: a 0 right after the first is not taken as a plain 0
+      assert.isFalse(yield* woken(b.await))
+      // a waiter that asked for no claim (0 ms) relies on none
+      wakeups.denied("ch", "c:2", wakeCode("c:2"), 1_000, 0)
+      handOff("c:2", 2_000)
+      assert.isTrue(yield* woken(b.await))
+      assert.isUndefined(yield* b.takeHandOff!)
+      // a hand-off to a waiter of another process wakes no one here
+      handOff("c:99", 3_000)
+      assert.isFalse(yield* woken(a.await))
+      assert.isFalse(yield* woken(b.await))
+    }))
+
   it.scoped("a code wakes only the waiter it names; the 0 that follows '-<code>' wakes no one", () =>
     Effect.gen(function*() {
       const { wakeups } = hub()

@@ -19,7 +19,7 @@
  * @since 0.1.0
  */
 import { Array as Arr, Cause, Clock, Data, Effect, Either, Exit, Option, Order, Ref } from "effect"
-import type { HoldMode, Service } from "@lockstep/core/LockBackend"
+import type { AcquireRequest, HoldMode, Service, Subscription } from "@lockstep/core/LockBackend"
 
 /**
  * A recorded event. `at` orders events; `time` (optional) is a clock reading used only to end
@@ -574,16 +574,62 @@ export const instrument = (recorder: Recorder, backend: Service): Service => {
   const uncertain = new Set<string>()
   const attempt = (r: { readonly key: string; readonly holder: string; readonly mode: HoldMode; readonly count: number }) =>
     `${r.key}\u0000${r.holder}\u0000${r.mode}\u0000${r.count}`
+  // A hand-off (the backend granted a waiter on its own, see `LockBackend.HandOff`) is numbered
+  // when the waiter takes it, as if answered to its last attempt (the backend granted it after that
+  // attempt was processed), expiring a claim after that attempt was sent; it is recorded once the
+  // lock API relies on it, which its next call says: a renewal or a release, not an acquire (which
+  // confirms a claim the API did not rely on, and is recorded as its own grant).
+  const lastAttempt = new Map<string, { readonly request: AcquireRequest; readonly before: number; readonly invokedAt: number }>()
+  const handedOver = new Map<string, { readonly grant: GrantInput; readonly at: number }>()
+  const holderOf = (key: string, holder: string) => `${key}\u0000${holder}`
+  const reliedOn = (key: string, holder: string) =>
+    Effect.suspend(() => {
+      const pending = handedOver.get(holderOf(key, holder))
+      if (pending === undefined) return Effect.void
+      handedOver.delete(holderOf(key, holder))
+      return recorder.grant(pending.grant, pending.at)
+    })
   return {
     ...backend,
+    subscribe: (key, holder, mode) =>
+      Effect.map(backend.subscribe(key, holder, mode), (subscription): Subscription => {
+        const take = subscription.takeHandOff
+        if (take === undefined) return subscription
+        return {
+          ...subscription,
+          takeHandOff: Effect.tap(take, (handOff) => {
+            const last = lastAttempt.get(holderOf(key, holder))
+            if (handOff === undefined || last === undefined) return Effect.void
+            lastAttempt.delete(holderOf(key, holder))
+            return Effect.map(recorder.sequence, (at) =>
+              void handedOver.set(holderOf(key, holder), {
+                at,
+                grant: {
+                  key,
+                  holder,
+                  mode: last.request.mode,
+                  permits: last.request.permits,
+                  limit: last.request.limit,
+                  fence: handOff.fence,
+                  expiresAt: last.before + handOff.claimMs,
+                  invokedAt: last.invokedAt
+                }
+              }))
+          })
+        }
+      }),
     acquire: (request) =>
       Effect.gen(function*() {
         const before = yield* Clock.currentTimeMillis
         const invokedAt = yield* recorder.sequence
+        // a hand-off this holder took and then asked to confirm: not relied on
+        handedOver.delete(holderOf(request.key, request.holder))
+        lastAttempt.set(holderOf(request.key, request.holder), { request, before, invokedAt })
         const result = yield* backend.acquire(request).pipe(
           Effect.tapErrorTag("BackendError", () => Effect.sync(() => uncertain.add(attempt(request))))
         )
         if (result._tag === "Granted") {
+          lastAttempt.delete(holderOf(request.key, request.holder))
           yield* recorder.grant({
             key: request.key,
             holder: request.holder,
@@ -599,6 +645,7 @@ export const instrument = (recorder: Recorder, backend: Service): Service => {
       }),
     release: (request) =>
       Effect.gen(function*() {
+        yield* reliedOn(request.key, request.holder)
         if (uncertain.delete(attempt(request))) return yield* backend.release(request)
         const at = yield* recorder.sequence
         const exit = yield* Effect.exit(backend.release(request))
@@ -610,6 +657,7 @@ export const instrument = (recorder: Recorder, backend: Service): Service => {
       }),
     renew: (requests) =>
       Effect.gen(function*() {
+        yield* Effect.forEach(requests, (request) => reliedOn(request.key, request.holder), { discard: true })
         const before = yield* Clock.currentTimeMillis
         const results = yield* backend.renew(requests)
         yield* Effect.forEach(requests, (request, i) => {

@@ -17,7 +17,7 @@ import { attach, recordOf } from "./lease.js"
 import type { Outcome } from "./metrics.js"
 import * as metrics from "./metrics.js"
 import type { LockSpec, Restore, Retry } from "./spec.js"
-import { monotonicMillis } from "./time.js"
+import { driftMs, monotonicMillis } from "./time.js"
 import { awaitWakeUp } from "./wakeUp.js"
 
 export type AttemptError = BackendError | InvalidLockOptions | LockUpgradeNotSupported | SelfDeadlock
@@ -240,7 +240,12 @@ const grantAsHolder = (
           }
         }
       })
-    const attempt = Effect.flatMap(monotonicMillis, attemptAt)
+    /**
+     * A hand-off the backend granted while the waiter waited, measured from `sentAt` (when the
+     * attempt the backend denied last was sent); undefined for a re-entry, which never waits.
+     */
+    const handedOver = (fence: number, sentAt: number, claimMs: number): Effect.Effect<Grant> | undefined =>
+      found === undefined ? attach(spec, request, fence, sentAt, undefined, claimMs) : undefined
     const settle = (outcome: Attempt): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
       switch (outcome._tag) {
         case "Granted":
@@ -255,7 +260,9 @@ const grantAsHolder = (
           })
         case "Denied":
           // waiting ends granted or stale, never denied
-          if (timeoutMs !== 0) return Effect.flatMap(waitForGrant(spec, request, attempt, startedAt, timeoutMs, restore), settle)
+          if (timeoutMs !== 0) {
+            return Effect.flatMap(waitForGrant(spec, request, attemptAt, handedOver, startedAt, timeoutMs, restore), settle)
+          }
           // a denied fair attempt queued us; a try-acquire must not stay in the queue
           return spec.fair ? Effect.zipRight(cancel(spec, holder), Effect.succeedNone) : Effect.succeedNone
       }
@@ -281,13 +288,16 @@ const cancel = (spec: LockSpec, holder: string): Effect.Effect<void> =>
 
 /**
  * Subscribe, then retry; sleep until a wake-up, the blocking hold's expiry, the fair-queue
- * heartbeat or the caller's deadline, whichever is first; retry. Leaving without a grant drops
- * the fair-queue entry and (through the subscription's scope) hands any wake-up on.
+ * heartbeat or the caller's deadline, whichever is first; retry. A wake-up that hands the lock
+ * over (the backend granted it to this waiter: `HandOff`) ends the wait without another attempt
+ * while its claim is surely live. Leaving without a grant drops the fair-queue entry and (through
+ * the subscription's scope) hands any wake-up, or a claim, on.
  */
 const waitForGrant = (
   spec: LockSpec,
   request: AcquireRequest,
-  attempt: Effect.Effect<Attempt, AttemptError>,
+  attemptAt: (sentAt: number) => Effect.Effect<Attempt, AttemptError>,
+  handedOver: (fence: number, sentAt: number, claimMs: number) => Effect.Effect<Grant> | undefined,
   startedAt: number,
   timeoutMs: number | undefined,
   restore: Restore
@@ -300,13 +310,30 @@ const waitForGrant = (
     // the others by that much at most, never by the blocking lease
     const heartbeatMs = Math.max(1, Math.floor(spec.fair ? spec.waiterTtlMs / 3 : spec.waiterTtlMs))
     while (true) {
-      const result = yield* attempt
+      const sentAt = yield* monotonicMillis
+      const result = yield* attemptAt(sentAt)
       if (result._tag !== "Denied") return result
       const now = yield* monotonicMillis
       if (now >= deadline) {
         return yield* Effect.fail(new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs ?? Infinity) }))
       }
       yield* restore(awaitWakeUp(subscription, result.retryAfterMs, heartbeatMs, deadline - now))
+      if (subscription.takeHandOff === undefined) continue
+      const handOff = yield* subscription.takeHandOff
+      if (handOff === undefined) continue
+      // The claim's lease started on the backend when the release granted it, which was after
+      // this waiter's last attempt was processed (the backend hands over only such claims), so
+      // after it was sent: sentAt + claimMs, less the drift allowance, is never later than the
+      // backend's expiry of the claim. While at least half of that is ahead, the hold is ours at
+      // once (its record confirms it off the critical path, with the other half to spare: see
+      // `Held`); later, the claim may be gone before a confirmation reaches it, and the next
+      // attempt confirms it instead (a holder's acquire answers its fence and count 1) or finds
+      // it gone.
+      const woke = yield* monotonicMillis
+      const grant = woke - sentAt <= (handOff.claimMs - driftMs(handOff.claimMs)) / 2
+        ? handedOver(handOff.fence, sentAt, handOff.claimMs)
+        : undefined
+      if (grant !== undefined) return yield* grant
     }
   }).pipe(
     Effect.scoped,

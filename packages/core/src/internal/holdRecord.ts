@@ -49,6 +49,8 @@ export class Held implements Entry {
   /** The local deadline (monotonic ms): past it, unconfirmed, the hold is lost. */
   deadline: number
   confirmedAt: number
+  /** A hand-off's claim not confirmed yet: the keeper renews it to the full lease soon. */
+  unconfirmed: boolean
   attemptedAt = -Infinity
   renewing = false
   done = false
@@ -66,7 +68,9 @@ export class Held implements Entry {
     readonly fence: number,
     permits: number,
     leaseMs: number,
-    sentAt: number
+    sentAt: number,
+    /** The grant is a hand-off's claim of that many ms (see `HandOff`). */
+    claimMs?: number
   ) {
     this.backend = spec.backend
     this.key = spec.key
@@ -76,9 +80,12 @@ export class Held implements Entry {
     this.leaseMs = leaseMs
     this.watchdogMs = spec.leaseMs === undefined ? spec.watchdogMs : undefined
     // measured from before the granted request was sent, less the drift allowance, so it never
-    // outlasts the backend's expiry
-    this.deadline = sentAt + leaseMs - driftMs(leaseMs)
+    // outlasts the backend's expiry (a claim's: from before the waiter's last denied attempt was
+    // sent, which the backend processed before it granted the claim)
+    const grantedMs = claimMs ?? leaseMs
+    this.deadline = sentAt + grantedMs - driftMs(grantedMs)
     this.confirmedAt = sentAt
+    this.unconfirmed = claimMs !== undefined
   }
 
   get lost(): Effect.Effect<never, LockLost> {
@@ -147,15 +154,16 @@ export class Held implements Entry {
 
 /**
  * Starts a holder's record and hands it to the backend's keeper, now; what is left to do for the
- * keeper (see `Keeper.add`) is returned with it.
+ * keeper (see `Keeper.add`) is returned with it. `claimMs`: the grant is a hand-off's claim.
  */
 export const unsafeStartHeld = (
   spec: LockSpec,
   request: AcquireRequest,
   fence: number,
-  sentAt: number
+  sentAt: number,
+  claimMs?: number
 ): readonly [Held, Effect.Effect<void> | undefined] => {
-  const held = new Held(spec, keeperOf(spec.backend), request.holder, fence, request.permits, request.leaseMs, sentAt)
+  const held = new Held(spec, keeperOf(spec.backend), request.holder, fence, request.permits, request.leaseMs, sentAt, claimMs)
   metrics.recordHeld(spec.labels, 1)
   return [held, held.keeper.add(held)]
 }

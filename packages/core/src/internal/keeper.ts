@@ -22,6 +22,14 @@ export interface Entry extends HeapItem {
   deadline: number
   /** When the last confirmed renewal (or the grant) was sent. */
   confirmedAt: number
+  /** The lease (ms) a renewal asks for: the watchdog period, or a fixed lease (renewed only to confirm a claim). */
+  readonly leaseMs?: number | undefined
+  /**
+   * A hand-off's claim (see `HandOff`) not confirmed yet: its deadline is the claim's, and it is
+   * renewed to the full lease (once, for a fixed lease) halfway to that deadline, unless it is
+   * released first.
+   */
+  unconfirmed?: boolean | undefined
   /** When the last renewal was sent (-Infinity before any). */
   attemptedAt: number
   /** Set while a renewal of this hold is in flight. */
@@ -32,9 +40,19 @@ export interface Entry extends HeapItem {
   readonly onLost: (reason: "DeadlinePassed" | "NotHeld") => Effect.Effect<void>
 }
 
+/** The lease a renewal of `entry` asks for. */
+const leaseOf = (entry: Entry): number => entry.watchdogMs ?? entry.leaseMs ?? 0
+
 /** When `entry` next needs the keeper: its deadline, or its renewal if that comes first. */
 const dueAt = (entry: Entry): number => {
-  if (entry.watchdogMs === undefined || entry.renewing) return entry.deadline
+  if (entry.renewing) return entry.deadline
+  if (entry.unconfirmed === true) {
+    // halfway to the claim's deadline (a short hold is released before); after a failed try,
+    // again halfway to what is left
+    const from = Math.max(entry.confirmedAt, entry.attemptedAt)
+    return Math.min(entry.deadline, from + Math.max(1, (entry.deadline - from) / 2))
+  }
+  if (entry.watchdogMs === undefined) return entry.deadline
   const intervalMs = entry.watchdogMs / 3
   // renewals fall on a grid shared by all holds with this watchdog, so they leave together
   const quantum = intervalMs / 4
@@ -143,7 +161,7 @@ const makeKeeper = (backend: Service): Keeper => {
   const startLoop = () => Effect.asVoid(Effect.forkDaemon(Effect.interruptible(loop(generation))))
 
   const renew = (batch: ReadonlyArray<Entry>, sentAt: number) =>
-    backend.renew(batch.map((entry) => ({ key: entry.key, holder: entry.holder, leaseMs: entry.watchdogMs! }))).pipe(
+    backend.renew(batch.map((entry) => ({ key: entry.key, holder: entry.holder, leaseMs: leaseOf(entry) }))).pipe(
       Effect.either,
       Effect.zip(monotonicMillis),
       Effect.flatMap(([answers, answeredAt]) => {
@@ -160,8 +178,10 @@ const makeKeeper = (backend: Service): Keeper => {
             if (entry.done) return Effect.void
             if (answer !== undefined && Either.isRight(answer)) {
               if (!answer.right) return entry.onLost("NotHeld")
+              const leaseMs = leaseOf(entry)
               entry.confirmedAt = sentAt
-              entry.deadline = Math.max(entry.deadline, sentAt + entry.watchdogMs! - driftMs(entry.watchdogMs!))
+              entry.unconfirmed = false
+              entry.deadline = Math.max(entry.deadline, sentAt + leaseMs - driftMs(leaseMs))
             }
             // any other failure is retried at the next grid point, until the deadline decides
             earliest = Math.min(earliest, schedule(entry))

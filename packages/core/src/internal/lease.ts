@@ -67,13 +67,16 @@ class LeaseImpl implements Lease {
  * watchdog; every lease releases its own hold. Where the record is held (the scope owner's fiber,
  * or withLock's body) is the caller's business. It binds when called (as it is, where the grant's
  * reply is handled): the effect returned only finishes what the keeper has left to do.
+ * `claimMs`: the grant is a hand-off's claim (see `HandOff`), which the record holds until
+ * `sentAt` + `claimMs` unless it confirms it sooner.
  */
 export const attach = (
   spec: LockSpec,
   request: AcquireRequest,
   fence: number,
   sentAt: number,
-  found: Held | undefined
+  found: Held | undefined,
+  claimMs?: number
 ): Effect.Effect<Grant> => {
   const bind = (record: Held): Grant => {
     if (spec.mode === "exclusive") record.counts.exclusive = request.count
@@ -91,7 +94,7 @@ export const attach = (
     found.leases++
     return Effect.succeed(bind(found))
   }
-  const [record, keeping] = unsafeStartHeld(spec, request, fence, sentAt)
+  const [record, keeping] = unsafeStartHeld(spec, request, fence, sentAt, claimMs)
   const grant = bind(record)
   return keeping === undefined ? Effect.succeed(grant) : Effect.as(keeping, grant)
 }

@@ -38,6 +38,14 @@ const quarantineOf = (tuning: Tuning | undefined, isCluster: boolean, sentinels:
 }
 
 /**
+ * The longest claim a release grants a waiter (a hand-off: see `wake` in scripts/shared.ts): long
+ * enough for its message to arrive and the holder to confirm it, short enough that a waiter that
+ * died (or lost the message) holds the lock back for no longer. Never longer than the lease asked
+ * for.
+ */
+export const maxClaimMs = 2_000
+
+/**
  * The namespace of `client`: its ioredis `keyPrefix`, which ioredis puts before the KEYS of every
  * script (and the keys of every other command) but not before channel names. The backend puts it
  * before the channels it subscribes to and the names it builds for the scripts (a latch's
@@ -292,6 +300,14 @@ export const make = (
     /** The quarantine's longest lease, once it is known to be valid. */
     const longestLease = typeof quarantine === "number" ? quarantine : undefined
     /**
+     * The claim a waiter asks a release to grant it (0: wake it only). None under a quarantine
+     * (a release does not look at it, and must not grant while it lasts) nor with replica
+     * acknowledgement (a claim is granted by a release, which no replica acknowledged before the
+     * waiter would rely on it): there, the woken waiter's own acquire grants it.
+     */
+    const claimMsOf = (leaseMs: number): number =>
+      quarantine === undefined && acknowledged === undefined ? Math.min(leaseMs, maxClaimMs) : 0
+    /**
      * The BackendError of an acquisition that failed for `cause`, named like every other one (see
      * `ClientTracker.locateAll`).
      */
@@ -302,12 +318,15 @@ export const make = (
       const keys = lock.acquire.keys(request.key, request.holder, longestLease)
       const channel = keys[2]!
       const code = wakeCode(request.holder)
+      const claimMs = claimMsOf(request.leaseMs)
       // only a waiter on a subscription registers: a release may then wake it by its code
-      const register = !request.fair && wakeups.isWaiting(channel, request.holder, code)
-      if (register) {
+      const waiting = wakeups.isWaiting(channel, request.holder, code)
+      // (a fair waiter is queued by any denied attempt; on a subscription, its entry asks for hand-offs)
+      const register = waiting
+      if (register && !request.fair) {
         // its entry in the waiters set, as the script writes it; noted before the call, so that a
         // registration whose reply is lost is taken out too when the waiter gives up
-        wakeups.registered(channel, request.holder, code, lock.waiterMember(request, code))
+        wakeups.registered(channel, request.holder, code, lock.waiterMember(request, code, claimMs), request.leaseMs)
       }
       if (quarantine !== undefined) {
         if (typeof quarantine === "string") return Effect.fail(new InvalidLockOptions({ field: "quarantine", reason: quarantine }))
@@ -327,11 +346,18 @@ export const make = (
         runAcknowledged(
           lock.acquire,
           keys,
-          lock.acquire.args(request, code, register, longestLease),
+          lock.acquire.args(request, code, register, claimMs, longestLease),
           "grant",
           lock.acquire.wrote
         ),
-        (reply) => lock.acquire.decode(reply, request, acquireFailed)
+        (reply) => {
+          // a subscribed waiter's denial: the fence floor above which a hand-off is relied on
+          if (waiting) {
+            const floor = lock.acquire.fenceFloor(reply)
+            if (floor !== null) wakeups.denied(channel, request.holder, code, floor, claimMs)
+          }
+          return lock.acquire.decode(reply, request, acquireFailed)
+        }
       )
     }
 
@@ -406,8 +432,10 @@ export const make = (
      * a release had already aimed at it goes on. Not awaited: the waiter's exit does not wait for
      * it, and a failure only leaves the entry to expire.
      */
-    const abandon = (key: string, member: string) => {
-      Runtime.runFork(runtime)(Effect.ignore(run(lock.leave, lock.leave.keys(key), lock.leave.args(member))))
+    const abandon = (key: string, holder: string, member: string, leaseMs: number) => {
+      Runtime.runFork(runtime)(
+        Effect.ignore(run(lock.leave, lock.leave.keys(key, holder), lock.leave.args(member, holder, leaseMs)))
+      )
     }
 
     const inspect = (key: string) =>
@@ -466,11 +494,13 @@ export const make = (
           )
         ),
       cancel: ({ holder, key, leaseMs }) =>
-        Effect.asVoid(run(lock.cancel, lock.cancel.keys(key, holder), lock.cancel.args(holder, leaseMs))),
+        Effect.asVoid(run(lock.cancel, lock.cancel.keys(key, holder), lock.cancel.args(holder, leaseMs, claimMsOf(leaseMs)))),
       subscribe: (key, holder, mode) =>
         whileOpen(
           "subscribe",
-          Effect.mapError(wakeups.subscribe(lock.channelOf(key), holder, mode, (member) => abandon(key, member)), (cause) =>
+          Effect.mapError(
+            wakeups.subscribe(lock.channelOf(key), holder, mode, (member, leaseMs) => abandon(key, holder, member, leaseMs)),
+            (cause) =>
             cause instanceof BackendError ? cause : new BackendError({ operation: "subscribe", cause }))
         )
     } satisfies LockBackend.Service

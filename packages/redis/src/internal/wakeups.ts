@@ -1,7 +1,7 @@
 import type { Exit, Scope } from "effect"
 import { Effect } from "effect"
 import { constVoid } from "effect/Function"
-import type { HoldMode, Subscription } from "@lockstep/core/LockBackend"
+import type { HandOff, HoldMode, Subscription } from "@lockstep/core/LockBackend"
 import { subscriptionOf } from "@lockstep/core/LockBackend"
 
 /**
@@ -35,8 +35,19 @@ interface Waiter {
   readonly resumers: Set<() => void>
   /** Its entry in the key's waiters set, once an attempt registered it there. */
   member: string | undefined
-  /** Takes its entry out of the waiters set (and hands on a wake-up aimed at it). */
-  readonly abandon: ((member: string) => void) | undefined
+  /** Its lease (ms), as its attempts ask for it: how long a claim it gives up is remembered as ended. */
+  leaseMs: number
+  /** Takes its entry out of the waiters set (and hands on a wake-up aimed at it, or releases a claim). */
+  readonly abandon: ((member: string, leaseMs: number) => void) | undefined
+  /**
+   * The fence floor of its last denied attempt (`Infinity` before any): a hand-off whose fence is
+   * above it was granted after that attempt was processed (see `denied`).
+   */
+  floor: number
+  /** The claim its attempts ask for (ms; 0: none). */
+  claimMs: number
+  /** The fence of the last hand-off announced to it, until its waiting loop takes it. */
+  claim: number | undefined
 }
 
 interface Channel {
@@ -48,6 +59,8 @@ interface Channel {
   failed: boolean
   /** The next message is the `0` of the release that sent the last one: not a wake-up. */
   skipZero: boolean
+  /** The next message is the fence of a hand-off to the waiters with this code. */
+  handOffTo: string | undefined
   /** Pending unsubscribe of a channel whose last waiter left. */
   idle: ReturnType<typeof setTimeout> | undefined
 }
@@ -57,6 +70,9 @@ export interface Subscriber {
   readonly subscribe: (channel: string) => Promise<unknown>
   readonly unsubscribe: (channel: string) => Promise<unknown>
 }
+
+/** The length of a hand-off's first message: `1` and a wake code zero-padded to 17 digits. */
+const handOffLength = 18
 
 /** How long a channel stays subscribed after its last waiter left: the next wait reuses it. */
 export const idleUnsubscribeMs = 1_000
@@ -68,7 +84,9 @@ export const idleUnsubscribeMs = 1_000
  * again keeps its subscription instead of a SUBSCRIBE / UNSUBSCRIBE per wait).
  *
  * Messages (see scripts/lock.ts): a wake code wakes the waiter it names (`-<code>`: and the `0`
- * that follows belongs to the same release; `-1`: only that); `2` every shared waiter; `0`
+ * that follows belongs to the same release; `-1`: only that); `1` and the code zero-padded to 17
+ * digits, then a fence: a hand-off, the release granted that waiter a claim with that fence (see
+ * `wake` in scripts/shared.ts), and wakes it; `2` every shared waiter; `0`
  * (Redisson's unlock message, or a release that knew of no registered waiter) the longest-waiting
  * one without a pending wake-up (on a latch's channel, where `0` and `1` say the count changed:
  * every waiter). A name (an older lockstep telling a fair queue's head) wakes the waiter with that
@@ -116,6 +134,28 @@ export const makeWakeups = (
   const onMessage = (name: string, message: string) => {
     const channel = channels.get(name)
     if (channel === undefined) return
+    const handOffTo = channel.handOffTo
+    if (handOffTo !== undefined) {
+      // the second message of a hand-off (the release's two PUBLISHes are delivered in order,
+      // nothing between them): its fence
+      channel.handOffTo = undefined
+      const fence = Number(message)
+      if (Number.isSafeInteger(fence) && fence > 1) {
+        const named = channel.byCode.get(handOffTo)
+        if (named !== undefined) {
+          for (const waiter of named) {
+            waiter.claim = fence
+            deliver(waiter)
+          }
+        }
+        return
+      }
+    }
+    if (message.length === handOffLength && message.startsWith("1")) {
+      // the first message of a hand-off: whose it is
+      channel.handOffTo = String(Number(message.slice(1)))
+      return
+    }
     if (message === "0" || message === "1") {
       if (channel.skipZero) {
         channel.skipZero = false
@@ -145,6 +185,7 @@ export const makeWakeups = (
   const wakeAll = () => {
     for (const channel of channels.values()) {
       channel.skipZero = false
+      channel.handOffTo = undefined
       for (const waiter of channel.waiters) deliver(waiter)
     }
   }
@@ -160,7 +201,7 @@ export const makeWakeups = (
     name: string,
     holder: string,
     mode: HoldMode | "latch",
-    abandon?: (member: string) => void
+    abandon?: (member: string, leaseMs: number) => void
   ): Effect.Effect<Subscription, unknown, Scope.Scope> =>
     Effect.acquireRelease(
       Effect.suspend(() => {
@@ -177,6 +218,7 @@ export const makeWakeups = (
             ready,
             failed: false,
             skipZero: false,
+            handOffTo: undefined,
             idle: undefined
           }
           // the failure is reported to the subscribing waiter below
@@ -191,7 +233,19 @@ export const makeWakeups = (
           channel.idle = undefined
         }
         const code = wakeCode(holder)
-        const waiter: Waiter = { holder, code, mode, pending: false, resumers: new Set(), member: undefined, abandon }
+        const waiter: Waiter = {
+          holder,
+          code,
+          mode,
+          pending: false,
+          resumers: new Set(),
+          member: undefined,
+          leaseMs: 0,
+          abandon,
+          floor: Infinity,
+          claimMs: 0,
+          claim: undefined
+        }
         channel.waiters.add(waiter)
         let named = channel.byCode.get(code)
         if (named === undefined) {
@@ -212,12 +266,12 @@ export const makeWakeups = (
             // a waiter leaving without a grant passes any wake-up on: here, and (if a release
             // had already aimed one at it) on the server
             wakeOne(channel)
-            if (waiter.member !== undefined && waiter.abandon !== undefined) waiter.abandon(waiter.member)
+            if (waiter.member !== undefined && waiter.abandon !== undefined) waiter.abandon(waiter.member, waiter.leaseMs)
           }
         })
     ).pipe(
-      Effect.map(({ waiter }): Subscription =>
-        subscriptionOf((wake) => {
+      Effect.map(({ waiter }): Subscription => ({
+        ...subscriptionOf((wake) => {
           if (waiter.pending) {
             waiter.pending = false
             wake(Effect.void)
@@ -226,9 +280,23 @@ export const makeWakeups = (
           const resumer = () => wake(Effect.void)
           waiter.resumers.add(resumer)
           return () => void waiter.resumers.delete(resumer)
-        })
-      )
+        }),
+        takeHandOff: Effect.sync(() => takeHandOff(waiter))
+      }))
     )
+
+  /**
+   * The hand-off announced to `waiter`, if it is one it may rely on: its fence is above the fence
+   * floor of the waiter's last denied attempt, so the claim was granted after that attempt was
+   * processed on the server, which was after the waiter sent it (the claim's lease starts no
+   * earlier than that send: what the waiting loop measures its deadline from). A claim announced
+   * before a later denial (one that expired, its message late) is below that denial's floor.
+   */
+  const takeHandOff = (waiter: Waiter): HandOff | undefined => {
+    const fence = waiter.claim
+    waiter.claim = undefined
+    return fence !== undefined && fence > waiter.floor && waiter.claimMs > 0 ? { fence, claimMs: waiter.claimMs } : undefined
+  }
 
   const unsubscribe = (name: string, channel: Channel) => {
     channel.idle = undefined
@@ -257,10 +325,24 @@ export const makeWakeups = (
     wakeAll,
     /** Whether `holder` (wake code `code`) waits on a subscription to `name`: its denied attempts then register it. */
     isWaiting: (name: string, holder: string, code: string): boolean => waiterOf(name, holder, code) !== undefined,
-    /** An attempt of `holder` registered it in the key's waiters set as `member`. */
-    registered: (name: string, holder: string, code: string, member: string): void => {
+    /** An attempt of `holder` (with a lease of `leaseMs`) registered it in the key's waiters set as `member`. */
+    registered: (name: string, holder: string, code: string, member: string, leaseMs = 0): void => {
       const waiter = waiterOf(name, holder, code)
-      if (waiter !== undefined) waiter.member = member
+      if (waiter !== undefined) {
+        waiter.member = member
+        waiter.leaseMs = leaseMs
+      }
+    },
+    /**
+     * An attempt of `holder` that asked for claims of `claimMs` was denied, with fence floor
+     * `floor` (`undefined`: the reply had none, so no hand-off is relied on until the next one).
+     */
+    denied: (name: string, holder: string, code: string, floor: number | undefined, claimMs: number): void => {
+      const waiter = waiterOf(name, holder, code)
+      if (waiter !== undefined) {
+        waiter.floor = floor ?? Infinity
+        waiter.claimMs = claimMs
+      }
     },
     /** Channels subscribed (or still kept after their last waiter left). */
     channelCount: () => channels.size,

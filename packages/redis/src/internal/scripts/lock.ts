@@ -15,8 +15,10 @@
  *   the key and for their own field):
  *   `lockstep|m|<holder>` -> `<fence>|<expiresAt ms>`, `lockstep|s|<holder>` -> `<count>|<permits>`
  *   for shared holds, `lockstep|limit` -> the shared limit (-1: unlimited) while shared holds
- *   exist, and `lockstep|w` while lockstep waiters may be registered (see below). The key's
- *   PEXPIRE is the latest expiry of its holders.
+ *   exist, `lockstep|w` while lockstep waiters may be registered (see below), and
+ *   `lockstep|c|<holder>` -> the expiry of a claim a release granted the holder (a hand-off, below;
+ *   unconfirmed while the holder's expiry is still that). The key's PEXPIRE is the latest expiry
+ *   of its holders.
  * - `redisson_lock_token:{K}` (string): the last fence issued. A new fence is the greater of the
  *   last + 1 and the server's clock in microseconds, so fences keep increasing even after the
  *   server lost its data (a restart without persistence, FLUSHALL) as long as its clock does not
@@ -28,19 +30,34 @@
  *   operations changes nothing and answers as the first did. `lockstep_force:{K}:<id>`: an
  *   applied forced release and its answer (`1` / `0`), remembered a minute.
  * - `redisson_lock__channel:{K}`: wake-ups. Every message is a number, so Redisson's listeners
- *   (which read them as Java longs and act on 0 only) take them in their stride: `0` when the key
- *   became free (Redisson's own unlock message: a Redisson waiter may be subscribed, so it is sent
- *   whenever lockstep frees the key); `<code>` wakes only the lockstep waiter with that wake code
- *   (a 52-bit hash of its holder id, see `wakeCode`); `-<code>` the same, and says that the next
- *   message is the `0` of the same release, which lockstep's listeners then ignore (`-1` only says
- *   that: a release that frees the key and wakes no lockstep waiter); `2` wakes every shared
- *   waiter (a writer left many readers behind).
+ *   (which read them as Java longs and act on 0 and 1 only) take them in their stride: `0` when
+ *   the key became free (Redisson's own unlock message: a Redisson waiter may be subscribed, so it
+ *   is sent whenever lockstep frees the key); `<code>` wakes only the lockstep waiter with that
+ *   wake code (a 52-bit hash of its holder id, see `wakeCode`); `-<code>` the same, and says that
+ *   the next message is the `0` of the same release, which lockstep's listeners then ignore (`-1`
+ *   only says that: a release that frees the key and wakes no lockstep waiter); `2` wakes every
+ *   shared waiter (a writer left many readers behind); `1` and a code zero-padded to 17 digits,
+ *   then a fence: a hand-off (below).
+ * - The hand-off: a release that finds a waiter that can win and asked for it grants it the lock
+ *   in the same script, as a claim: a hold of count 1 with a fresh fence that expires `claimMs`
+ *   (the waiter's, at most `maxClaimMs`) after the release unless the holder confirms it (a
+ *   renewal, or its own acquire, which finds it the holder: same fence, count 1). The waiter holds
+ *   the lock from the message on, without an acquire of its own, for as long as its deadline
+ *   measured from when it sent its last denied attempt allows (see `waitForGrant` in core's
+ *   acquisition.ts; a denial answers a fence floor, so that a late message from an older claim is
+ *   not taken for a new one). A claim no one confirms (the waiter died, the message was lost) ends
+ *   by itself; a waiter that gives up without a grant releases a claim made for it (leave, cancel).
+ *   The key is not free in between, so Redisson's clients stay out and hear no `0` until the
+ *   claimant frees it. Waiters ask for hand-offs only where no quarantine and no replica
+ *   acknowledgement applies (a release checks neither): elsewhere a release only wakes them.
  * - `lockstep_fair:{K}` (sorted set, score: arrival) and `lockstep_fair_ttl:{K}` (sorted set,
- *   score: expiry ms): the fair queue, members `<code>|<holder>`. Every operation is O(log n) in
- *   the queue's length: expired waiters are dropped by score, the head is the lowest arrival.
+ *   score: expiry ms): the fair queue, members `<code>|<claimMs>|<holder>` (claimMs 0 until the
+ *   waiter waits on a subscription). Every operation is O(log n) in the queue's length: expired
+ *   waiters are dropped by score, the head is the lowest arrival.
  * - `lockstep_waiters:{K}` (sorted set, score: until when the entry is kept): waiters of unfair
- *   kinds that wait on a subscription, members `<code>|<x|s>|<permits>|<limit>`. A release
- *   takes out and wakes those that can win: one exclusive waiter, or the shared waiters that fit.
+ *   kinds that wait on a subscription, members `<code>|<x|s>|<permits>|<limit>|<claimMs>|<holder>`.
+ *   A release takes out and wakes (or grants) those that can win: one exclusive waiter, or the
+ *   shared waiters that fit.
  * - `lockstep_woken:{K}` (sorted set, score: until when the place is kept, a couple of seconds):
  *   waiters a release woke that have yet to try, members as in `lockstep_waiters`. Their permits
  *   (an exclusive one: the whole key) count as taken for later releases, so overlapping releases
@@ -133,13 +150,17 @@ const limitOf = (limit: number): number => limit === Infinity ? -1 : limit
 
 /**
  * The entry of a subscribed unfair waiter in the waiters set, as acquire writes it on a denial
- * (`<code>|<x|s>|<permits>|<limit>`): a release that wakes it takes it out, and so does leave.
+ * (`<code>|<x|s>|<permits>|<limit>|<claimMs>|<holder>`): a release that wakes it takes it out
+ * (and grants it a claim of `claimMs`, unless 0: see `wake` in shared.ts), and so does leave.
  */
-export const waiterMember = (request: LockBackend.AcquireRequest, code: string): string =>
-  `${code}|${modeOf(request.mode)}|${request.permits}|${limitOf(request.limit)}`
+export const waiterMember = (request: LockBackend.AcquireRequest, code: string, claimMs: number): string =>
+  `${code}|${modeOf(request.mode)}|${request.permits}|${limitOf(request.limit)}|${claimMs}|${request.holder}`
 
-/** The entry of `holder` in the fair queue (`<code>|<holder>`). */
-const fairMember = (holder: string): string => `${wakeCode(holder)}|${holder}`
+/**
+ * The entry of `holder` in the fair queue (`<code>|<claimMs>|<holder>`), as acquire writes it: with
+ * claimMs 0 until the waiter waits on a subscription, then with its claim.
+ */
+const fairMember = (holder: string, claimMs: number): string => `${wakeCode(holder)}|${claimMs}|${holder}`
 
 const noArgs: ReadonlyArray<string | number> = []
 
@@ -173,7 +194,7 @@ local holder, excl = ARGV[1], ARGV[2] == 'x'
 local permits, limit, lease = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local fair, waiterTtl, count = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8])
 local code, register = ARGV[9], ARGV[10] == '1'
-local longest = tonumber(ARGV[11] or '0')
+local claimMs, longest = ARGV[11] or '0', tonumber(ARGV[12] or '0')
 
 -- the fast path: a first hold of a free key no one waits for (and no quarantine to look at), from
 -- a holder that did not end (a late copy of one of its operations grants nothing): K, its holder's
@@ -248,20 +269,34 @@ end
 
 -- not a holder: a re-entry whose hold is gone, or a late copy from a holder that ended
 if count > 1 then return {5} end
-if memo == nil then memo = redis.call('MGET', ended, sentinel) end
+if memo == nil then memo = redis.call('MGET', ended, sentinel, token) end
 if type(memo[1]) == 'string' then return {5} end
 local waiting = type(memo[2]) == 'string'
 
 -- a new grant: the mode rules, then the fair queue (only when someone may wait)
 check()
-local fm = code .. '|' .. holder
-local wm = code .. '|' .. (excl and 'x' or 's') .. '|' .. fmt(permits) .. '|' .. fmt(limit)
+-- a fair waiter asks for hand-offs once it waits on a subscription (register): its entry moves
+-- from the form without a claim to the one with it, keeping its place (fmOther: the other form)
+local fm = code .. '|' .. (register and claimMs or '0') .. '|' .. holder
+local fmOther = code .. '|' .. (register and '0' or claimMs) .. '|' .. holder
+local wm = code .. '|' .. (excl and 'x' or 's') .. '|' .. fmt(permits) .. '|' .. fmt(limit) .. '|' .. claimMs .. '|' .. holder
 -- a woken waiter tries: granted or not, the place kept for it is free again
 if waiting and register then redis.call('ZREM', rq, wm) end
 local first, mine = true, nil
 if fair and waiting then
   prune_fair(fq, fqt, now)
   mine = redis.call('ZSCORE', fq, fm) or nil
+  if mine == nil and fmOther ~= fm then
+    local other = redis.call('ZSCORE', fq, fmOther)
+    if other then
+      -- (its expiry: refreshed below when denied; a grant takes it out)
+      redis.call('ZADD', fq, other, fm)
+      redis.call('ZADD', fqt, fmt(now + waiterTtl), fm)
+      redis.call('ZREM', fq, fmOther)
+      redis.call('ZREM', fqt, fmOther)
+      mine = other
+    end
+  end
   local head = redis.call('ZRANGE', fq, 0, 0)[1]
   first = head == nil or head == fm
   if not first then
@@ -314,6 +349,7 @@ if blocking == nil and first then
   if waiting then
     -- any grant takes the holder out of the wait structures
     if redis.call('ZREM', fqt, fm) == 1 then redis.call('ZREM', fq, fm) end
+    if fair and fmOther ~= fm and redis.call('ZREM', fqt, fmOther) == 1 then redis.call('ZREM', fq, fmOther) end
     redis.call('ZREM', wq, wm)
   end
   return {1, fmt(fence), 1}
@@ -343,6 +379,12 @@ end
 if keys ~= nil then
   keep_waiting(sentinel, keys, ttl)
   if st.exists and not st.flag then redis.call('HSET', key, P .. 'w', '1') end
+  -- the fence floor: every fence issued before this denial is at most the last one kept or, once
+  -- that expired, the clock (a kept fence outlives the clock's passing it); a hand-off that names
+  -- a fence above it was granted after this attempt was processed (see lockstep's wakeups.ts)
+  -- (the last fence as read before: this attempt issued none)
+  local last = type(memo[3]) == 'string' and tonumber(memo[3]) or 0
+  return {0, fmt(retry), fmt(math.max(last, nowUs))}
 end
 return {0, fmt(retry)}
 `
@@ -353,9 +395,12 @@ return {0, fmt(retry)}
  * woken, and with a quarantine the server's epoch record.
  * ARGV: holder, mode ('x' | 's'), permits, limit (-1: unlimited), leaseMs, fair ('1' | '0'),
  * waiterTtlMs, count (the holder's count in that mode once granted), wake code, register ('1':
- * the holder waits on a subscription; a denied unfair attempt registers it as a waiter), the
+ * the holder waits on a subscription; a denied unfair attempt registers it as a waiter), claimMs
+ * (the claim a release may grant the waiter: see `wake` in shared.ts; 0: wake it only), the
  * quarantine's longest lease (0: no quarantine; a new grant waits while it lasts).
- * Reply: {1, fence, count} granted, {0, retryAfterMs} denied, {2} upgrade refused,
+ * Reply: {1, fence, count} granted, {0, retryAfterMs[, fenceFloor]} denied (fenceFloor, when the
+ * denial queued or registered the waiter: no fence issued before it is above it),
+ * {2} upgrade refused,
  * {3, storedLimit} limit mismatch, {4} permits over the limit, {5} not held (a re-entry into a
  * hold that is gone, or a late copy from a holder that ended). A grant is what the replicas
  * acknowledge.
@@ -371,6 +416,7 @@ export const acquire = describe("acquire", acquireLua, {
     request: LockBackend.AcquireRequest,
     code: string,
     register: boolean,
+    claimMs: number,
     longestLease: number | undefined
   ): Array<string | number> => {
     const args: Array<string | number> = [
@@ -383,7 +429,8 @@ export const acquire = describe("acquire", acquireLua, {
       request.waiterTtlMs,
       request.count,
       code,
-      register ? "1" : "0"
+      register ? "1" : "0",
+      claimMs
     ]
     if (longestLease !== undefined) args.push(longestLease)
     return args
@@ -415,11 +462,18 @@ export const acquire = describe("acquire", acquireLua, {
         return Either.left(fail(unexpectedReply(reply)))
     }
   },
-  wrote: (reply: unknown): boolean => Array.isArray(reply) && Number(reply[0]) === 1
+  wrote: (reply: unknown): boolean => Array.isArray(reply) && Number(reply[0]) === 1,
+  /**
+   * A denial's fence floor (it queued or registered the waiter): no fence issued before the
+   * attempt was processed is above it (`undefined`: a denial without one). `null` for any other
+   * reply.
+   */
+  fenceFloor: (reply: unknown): number | undefined | null =>
+    !Array.isArray(reply) || Number(reply[0]) !== 0 ? null : reply[2] === undefined ? undefined : asNumber(reply[2])
 })
 
-const releaseLua = `${prelude}
-local key, channel, fq, fqt, ended, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+const releaseLua = `${prelude}${fence}
+local key, token, channel, fq, fqt, ended, wq, sentinel, rq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local holder, excl, count, lease = ARGV[1], ARGV[2] == 'x', tonumber(ARGV[3]), tonumber(ARGV[4])
 local flat = redis.call('HGETALL', key)
 
@@ -490,7 +544,7 @@ end
 
 -- other holders, or waiters: the full rules
 ${base}
-local now = clock()
+local now, nowUs = clock()
 local st = load(key, flat, now)
 local me = st.holders[holder]
 if me == nil then
@@ -503,7 +557,8 @@ if me == nil then
   end
   if st.dropped and st.flag then
     -- expired holds were dropped: waiters may enter
-    if not wake(channel, fq, fqt, wq, rq, sentinel, now, false, left_by(st.holders)) then
+    local free, writer, taken = left_by(st.holders)
+    if not wake(channel, fq, fqt, wq, rq, sentinel, now, false, free, writer, taken, key, token, nowUs, taken > 0 and st.limit or nil) then
       redis.call('DEL', sentinel)
     end
   end
@@ -526,7 +581,7 @@ if me.x == 0 and me.s == 0 then
     redis.call('DEL', key)
     zero = true
   else
-    local gone = { holder, sfield, meta }
+    local gone = { holder, sfield, meta, P .. 'c|' .. holder }
     local shared = false
     local latest = 0
     for _, r in pairs(st.holders) do
@@ -554,7 +609,8 @@ elseif remaining ~= held then
 end
 if not freed then return remaining end
 if st.flag then
-  if not wake(channel, fq, fqt, wq, rq, sentinel, now, zero, left_by(st.holders)) then
+  local free, writer, taken = left_by(st.holders)
+  if not wake(channel, fq, fqt, wq, rq, sentinel, now, zero, free, writer, taken, key, token, nowUs, taken > 0 and st.limit or nil) then
     -- no one waits any more
     redis.call('DEL', sentinel)
     if not zero then redis.call('HDEL', key, P .. 'w') end
@@ -668,7 +724,7 @@ for i = 1, #members, 500 do
   for j, m in ipairs(part) do
     local e = type(expiries[j]) == 'string' and tonumber(expiries[j])
     if e and e > now then
-      out[#out + 1] = string.sub(m, string.find(m, '|', 1, true) + 1)
+      out[#out + 1] = string.match(m, '^%d+|%d+|(.+)$') or string.sub(m, string.find(m, '|', 1, true) + 1)
       out[#out + 1] = fmt(e - now)
     end
   end
@@ -710,14 +766,14 @@ export const inspect = describe("inspect", inspectLua, {
   }
 })
 
-const forceReleaseLua = `${prelude}${base}
-local key, channel, fq, fqt, applied, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+const forceReleaseLua = `${prelude}${fence}${base}
+local key, token, channel, fq, fqt, applied, wq, sentinel, rq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local memory, endedPrefix = tonumber(ARGV[1]), ARGV[2]
 writes_when_full(key)
 -- a copy answers as the first delivery did
 local before = redis.call('GET', applied)
 if before then return tonumber(before) end
-local now = clock()
+local now, nowUs = clock()
 local st = load(key, redis.call('HGETALL', key), now)
 local held = 0
 for h, r in pairs(st.holders) do
@@ -727,7 +783,7 @@ end
 redis.call('DEL', key)
 redis.call('SET', applied, fmt(held), 'PX', fmt(memory))
 if st.flag or redis.call('EXISTS', sentinel) == 1 then
-  if not wake(channel, fq, fqt, wq, rq, sentinel, now, true, true, false, 0) then redis.call('DEL', sentinel) end
+  if not wake(channel, fq, fqt, wq, rq, sentinel, now, true, true, false, 0, key, token, nowUs, nil) then redis.call('DEL', sentinel) end
 else
   redis.call('PUBLISH', channel, '0')
 end
@@ -773,61 +829,90 @@ export const raiseFence = describe("raiseFence", raiseFenceLua, {
   wrote: (): boolean => true
 })
 
-const cancelLua = `${prelude}${base}
-local key, channel, fq, fqt, ended = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local holder, lease, fm = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+const cancelLua = `${prelude}${fence}${base}
+local key, token, channel, fq, fqt, ended, wq, sentinel, rq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local holder, lease, fm, fmClaim = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 writes_when_full(key)
-local now = clock()
+local now, nowUs = clock()
 prune_fair(fq, fqt, now)
 local heads = redis.call('ZRANGE', fq, 0, 1)
 if redis.call('ZREM', fqt, fm) == 1 then redis.call('ZREM', fq, fm) end
-local fields = redis.call('HMGET', key, holder, P .. 's|' .. holder)
-if type(fields[1]) ~= 'string' and type(fields[2]) ~= 'string' then
+-- its entry in the form that asks for hand-offs (one it wrote once it waited on a subscription)
+if fmClaim ~= nil and fmClaim ~= fm then
+  if redis.call('ZREM', fqt, fmClaim) == 1 then redis.call('ZREM', fq, fmClaim) end
+  if heads[1] == fmClaim then fm = fmClaim end
+end
+local st = load(key, redis.call('HGETALL', key), now)
+-- a claim a release made for it while it gave up: released, and the next waiter gets its turn
+local dropped, zero = drop_claim(key, st, holder, now)
+if dropped or st.holders[holder] == nil then
   -- remembered as ended (a refusal remembered for longer is not cut short)
   redis.call('SET', ended, '0', 'PX', fmt(math.max(lease, redis.call('PTTL', ended))))
 end
-if heads[1] == fm and heads[2] ~= nil then
-  redis.call('PUBLISH', KEYS[3], code_of(heads[2]))
+if dropped then
+  local free, writer, taken = left_by(st.holders)
+  if not wake(channel, fq, fqt, wq, rq, sentinel, now, zero, free, writer, taken, key, token, nowUs, taken > 0 and st.limit or nil) then
+    redis.call('DEL', sentinel)
+    if not zero then redis.call('HDEL', key, P .. 'w') end
+  end
+elseif heads[1] == fm and heads[2] ~= nil then
+  redis.call('PUBLISH', channel, code_of(heads[2]))
 end
 return 0
 `
 
 /**
  * Leaves the fair queue (a waiter that is not a holder is remembered as ended for leaseMs); tells
- * the new head.
+ * the new head. A claim a release granted it meanwhile (it gives up without a grant: it never
+ * took it) is released, and the next waiter gets its turn.
  * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
  * woken.
- * ARGV: holder, leaseMs, the holder's fair-queue member.
+ * ARGV: holder, leaseMs, the holder's fair-queue member without a claim, and with its claim (the
+ * form its acquire writes once it waits on a subscription).
  * Reply: 0 (not read).
  */
 export const cancel = describe("cancel", cancelLua, {
   keys: (key: string, holder: string): Array<string> => holderKeysOf(key, holder),
-  args: (holder: string, leaseMs: number): Array<string | number> => [holder, leaseMs, fairMember(holder)]
+  args: (holder: string, leaseMs: number, claimMs: number): Array<string | number> => [
+    holder,
+    leaseMs,
+    fairMember(holder, 0),
+    fairMember(holder, claimMs)
+  ]
 })
 
-const leaveLua = `${prelude}${base}
-local key, channel, fq, fqt, wq, sentinel, rq = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9]
+const leaveLua = `${prelude}${fence}${base}
+local key, token, channel, fq, fqt, ended, wq, sentinel, rq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local member, holder, lease = ARGV[1], ARGV[2], tonumber(ARGV[3] or '0')
 writes_when_full(key)
-if redis.call('ZREM', wq, ARGV[1]) == 1 then return 0 end
-if redis.call('EXISTS', sentinel) == 0 then return 0 end
+if redis.call('ZREM', wq, member) == 1 then return 0 end
+-- a release took it out: it woke it, or granted it a claim
+local waiting = redis.call('EXISTS', sentinel) == 1
 -- the place kept for it goes too
-redis.call('ZREM', rq, ARGV[1])
-local now = clock()
+if waiting then redis.call('ZREM', rq, member) end
+local now, nowUs = clock()
 local st = load(key, redis.call('HGETALL', key), now)
+local dropped, zero = false, false
+if holder ~= nil then dropped, zero = drop_claim(key, st, holder, now) end
+-- a late copy of its acquire grants nothing
+if dropped then redis.call('SET', ended, '0', 'PX', fmt(math.max(lease, redis.call('PTTL', ended)))) end
+if not waiting and not dropped then return 0 end
 local free, writer, taken = left_by(st.holders)
-if not writer then wake(channel, fq, fqt, wq, rq, sentinel, now, false, free, writer, taken) end
+if not writer then wake(channel, fq, fqt, wq, rq, sentinel, now, zero, free, writer, taken, key, token, nowUs, taken > 0 and st.limit or nil) end
 return 1
 `
 
 /**
  * A registered waiter that gives up without a grant leaves the waiters set; if a release had
  * already taken it out (a wake-up was on its way to it), the wake-up goes on to the waiters that
- * can win now.
- * KEYS: K, token, channel, fair queue, fair expiries, ended (unused), waiters, sentinel, woken.
- * ARGV: the waiter's member in the waiters set (`waiterMember`).
+ * can win now, and a claim it granted the waiter is released (the holder is remembered as ended
+ * for leaseMs, so a late copy of its acquire grants nothing).
+ * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
+ * woken.
+ * ARGV: the waiter's member in the waiters set (`waiterMember`), its holder, leaseMs.
  * Reply: 0 or 1 (not read).
  */
 export const leave = describe("leave", leaveLua, {
-  keys: (key: string): Array<string> => keysOf(key),
-  args: (member: string): Array<string | number> => [member]
+  keys: (key: string, holder: string): Array<string> => holderKeysOf(key, holder),
+  args: (member: string, holder: string, leaseMs: number): Array<string | number> => [member, holder, leaseMs]
 })

@@ -111,7 +111,8 @@ local function chunked(cmd, key, list)
 end
 
 -- A key's holders from its fields: holder -> { x = exclusive count, s = shared count,
--- p = permits, f = fence, e = expiresAt (nil: a Redisson hold, which lives as long as the key) },
+-- p = permits, f = fence, e = expiresAt (nil: a Redisson hold, which lives as long as the key),
+-- c = the expiry of the claim a release granted it (see claim; unconfirmed while e is still c) },
 -- and the stored limit and waiter flag.
 local function parse(flat)
   local hs, limit, flag = {}, nil, false
@@ -137,6 +138,8 @@ local function parse(flat)
         local bar = string.find(v, '|', 1, true)
         r.s = tonumber(string.sub(v, 1, bar - 1))
         r.p = tonumber(string.sub(v, bar + 1))
+      elseif tag == 'c|' then
+        get(string.sub(f, 12)).c = tonumber(v)
       elseif f == P .. 'limit' then
         limit = tonumber(v)
       elseif f == P .. 'w' then
@@ -182,6 +185,7 @@ local function load(key, flat, now)
       gone[#gone + 1] = h
       gone[#gone + 1] = P .. 's|' .. h
       gone[#gone + 1] = P .. 'm|' .. h
+      if r.c ~= nil then gone[#gone + 1] = P .. 'c|' .. h end
       if r.x > 0 or r.s > 0 then st.dropped = true end
     else
       st.holders[h] = r
@@ -212,6 +216,29 @@ end
 -- The code of a fair-queue member '<code>|<holder>' or a waiter member '<code>|...'.
 local function code_of(member)
   return string.sub(member, 1, string.find(member, '|', 1, true) - 1)
+end
+
+-- A waiter that gives up without a grant: a claim a release made for it meanwhile (a hold of
+-- count 1 that it never learned of, or learned of too late) is dropped from st and the hash.
+-- Returns whether it dropped one, and whether that freed the key (deleted).
+local function drop_claim(key, st, holder, now)
+  local r = st.holders[holder]
+  if r == nil or r.c ~= r.e or r.x > 1 or r.s > 1 or (r.x > 0 and r.s > 0) then return false, false end
+  st.holders[holder] = nil
+  if next(st.holders) == nil then
+    redis.call('DEL', key)
+    return true, true
+  end
+  local gone = { holder, P .. 's|' .. holder, P .. 'm|' .. holder, P .. 'c|' .. holder }
+  local shared, latest = false, 0
+  for _, o in pairs(st.holders) do
+    if o.s > 0 then shared = true end
+    if o.e > latest then latest = o.e end
+  end
+  if not shared and st.limit ~= nil then gone[#gone + 1] = P .. 'limit' end
+  redis.call('HDEL', key, unpack(gone))
+  expire_to(key, st, latest, now)
+  return true, false
 end
 
 -- The fair queue without its expired entries (each is removed once: amortised O(log n)).
@@ -258,16 +285,56 @@ end
 -- long one that crashed (or lost its wake-up) holds back the wake-ups of others.
 local woken_ms = 2000
 
--- Wakes the waiters that can win now, after holds ended. zero: the key was freed and Redisson's
--- unlock message '0' follows; free, writer, taken: see left_by. The fair queue's head is told by its code; unfair
--- waiters are taken out of their set: the first exclusive one if the key is free, else the
--- shared ones that fit, where the places of waiters woken before that have yet to try (rq)
--- count as taken. Returns whether anyone may still wait.
-local function wake(channel, fq, fqt, wq, rq, sentinel, now, zero, free, writer, taken)
-  local codes = {}
+-- The wait entries, as acquire writes them (and the TypeScript builders in lock.ts): unfair
+-- '<code>|<x|s>|<permits>|<limit>|<claimMs>|<holder>', fair '<code>|<claimMs>|<holder>'. claimMs
+-- 0 (or an entry of the older forms '<code>|<x|s>|<permits>|<limit>' / '<code>|<holder>'): the
+-- waiter is only woken, and tries again itself.
+local function unfair_entry(m)
+  local c, mode, p, l, rest = string.match(m, '^(%d+)|(%a)|(%d+)|(%-?%d+)(.*)$')
+  if c == nil then return nil end
+  local ms, h = string.match(rest, '^|(%d+)|(.+)$')
+  return c, mode, tonumber(p), tonumber(l), tonumber(ms or '0'), h
+end
+local function fair_entry(m)
+  local c, ms, h = string.match(m, '^(%d+)|(%d+)|(.+)$')
+  if c == nil then return code_of(m), 0, nil end
+  return c, tonumber(ms), h
+end
+
+-- The hand-off: a release grants a waiter that can win the lock on the server, a claim: a hold of
+-- count 1 with a fresh fence that expires claimMs from now unless its holder confirms it (a
+-- renewal, or its own acquire, which finds it the holder and answers the same fence and count 1).
+-- 'lockstep|c|<holder>' keeps the claim's expiry: while the hold's expiry is still that, the claim
+-- is unconfirmed, and a waiter that gives up without a grant releases it (drop_claim).
+-- A claim no one confirms (the waiter died, its message was lost) ends by itself, like any hold.
+-- The waiter learns of it from a pair of messages on the lock's channel: '1' followed by its code
+-- zero-padded to 17 digits (18 digits: no wake code is that long), then the fence. Both are
+-- numbers, which Redisson's listeners (Java longs; they act on 0 and 1 only) pass over.
+local function claim(key, token, now, nowUs, holder, excl, permits, limit, claimMs, c)
+  local f = next_fence(token, now, nowUs, claimMs)
+  local e = fmt(now + claimMs)
+  local meta = fmt(f) .. '|' .. e
+  if excl then
+    redis.call('HSET', key, holder, '1', P .. 'm|' .. holder, meta, P .. 'c|' .. holder, e)
+  else
+    redis.call('HSET', key, P .. 's|' .. holder, '1|' .. fmt(permits), P .. 'limit', fmt(limit), P .. 'm|' .. holder, meta, P .. 'c|' .. holder, e)
+  end
+  -- the key lives at least as long as the claim (never shortened: other holds may outlive it)
+  if redis.call('PTTL', key) < claimMs then redis.call('PEXPIRE', key, fmt(claimMs)) end
+  return { '1' .. string.rep('0', 17 - #c) .. c, fmt(f) }
+end
+
+-- Wakes the waiters that can win now, after holds ended, and grants them the lock where they
+-- asked for a hand-off (claim, above). zero: the key was freed (deleted) and Redisson's unlock
+-- message '0' follows unless a claim holds it again; free, writer, taken: see left_by; key,
+-- token, nowUs: where claims are written and fenced (key nil: wake only); limit: the stored
+-- shared limit while shared holds are left. The fair queue's head is granted (or told by its
+-- code); unfair waiters are taken out of their set: the first exclusive one if the key is free,
+-- else the shared ones that fit, where the places of waiters woken before that have yet to try
+-- (rq) count as taken. Returns whether anyone may still wait.
+local function wake(channel, fq, fqt, wq, rq, sentinel, now, zero, free, writer, taken, key, token, nowUs, limit)
+  local codes, grants = {}, {}
   prune_fair(fq, fqt, now)
-  local head = redis.call('ZRANGE', fq, 0, 0)[1]
-  if head then codes[#codes + 1] = code_of(head) end
   redis.call('ZREMRANGEBYSCORE', wq, '-inf', fmt(now))
   redis.call('ZREMRANGEBYSCORE', rq, '-inf', fmt(now))
   local pending = redis.call('ZRANGE', rq, 0, -1)
@@ -276,28 +343,49 @@ local function wake(channel, fq, fqt, wq, rq, sentinel, now, zero, free, writer,
     free = false
     if mode == 'x' then writer = true elseif p ~= nil then taken = taken + tonumber(p) end
   end
+  local head = redis.call('ZRANGE', fq, 0, 0)[1]
+  if head then
+    local c, ms, h = fair_entry(head)
+    if free and key ~= nil and ms > 0 then
+      -- the head leaves the queue with its grant; the next one waits on
+      redis.call('ZREM', fqt, head)
+      redis.call('ZREM', fq, head)
+      grants[#grants + 1] = claim(key, token, now, nowUs, h, true, 1, 1, ms, c)
+      free, writer = false, true
+      head = redis.call('ZRANGE', fq, 0, 0)[1]
+    else
+      codes[#codes + 1] = c
+    end
+  end
   local scan = 64
   local entries = redis.call('ZRANGE', wq, 0, scan - 1)
-  local woken, used, everyShared = {}, 0, false
+  local woken, plain, used, everyShared = {}, {}, 0, false
+  local function take(m, c, excl, p, l, ms, h)
+    woken[#woken + 1] = m
+    -- a shared waiter whose limit is not the key's is only woken: its own try fails clearly
+    if key ~= nil and ms > 0 and (excl or limit == nil or limit == l) then
+      grants[#grants + 1] = claim(key, token, now, nowUs, h, excl, p, l, ms, c)
+      if not excl then limit = l end
+    else
+      plain[#plain + 1] = m
+      codes[#codes + 1] = c
+    end
+  end
   for _, m in ipairs(entries) do
-    local c, mode, p, l = string.match(m, '^(%d+)|(%a)|(%d+)|(%-?%d+)$')
+    local c, mode, p, l, ms, h = unfair_entry(m)
     if c ~= nil then
-      p, l = tonumber(p), tonumber(l)
       if mode == 'x' then
         if free and #woken == 0 then
-          woken[1] = m
-          codes[#codes + 1] = c
+          take(m, c, true, p, l, ms, h)
           break
         end
       elseif not writer then
         if l < 0 then
-          woken[#woken + 1] = m
-          codes[#codes + 1] = c
+          take(m, c, false, p, l, ms, h)
           everyShared = true
         elseif taken + used + p <= l then
-          woken[#woken + 1] = m
-          codes[#codes + 1] = c
           used = used + p
+          take(m, c, false, p, l, ms, h)
           if taken + used >= l then break end
         end
       end
@@ -305,10 +393,11 @@ local function wake(channel, fq, fqt, wq, rq, sentinel, now, zero, free, writer,
   end
   if #woken > 0 then chunked('ZREM', wq, woken) end
   local rest = #entries > #woken or #entries == scan
-  if #woken > 0 and rest then
-    -- places are kept only while others wait: those a later release would wake instead
+  if #plain > 0 and rest then
+    -- places are kept only while others wait: those a later release would wake instead (a
+    -- claimed waiter needs none: its claim is a hold, which the next release counts)
     local places = {}
-    for _, m in ipairs(woken) do
+    for _, m in ipairs(plain) do
       places[#places + 1] = fmt(now + woken_ms)
       places[#places + 1] = m
     end
@@ -316,15 +405,25 @@ local function wake(channel, fq, fqt, wq, rq, sentinel, now, zero, free, writer,
     -- the sentinel outlives the places: their waiters' tries then take them out
     keep_waiting(sentinel, { rq }, woken_ms)
   end
+  local still = head ~= nil or rest or #pending > 0
+  -- a claim holds the key again: not free for Redisson's waiters; and it learns that others wait
+  if #grants > 0 then
+    zero = false
+    if still then redis.call('HSET', key, P .. 'w', '1') end
+  end
   -- unlimited readers beyond the scan: every shared waiter retries
   if everyShared and #entries == scan then codes[#codes + 1] = '2' end
   -- no lockstep waiter to wake: '-1' says the '0' (for Redisson's waiters) is not for lockstep's
   if zero and #codes == 0 then codes[1] = '1' end
+  for _, g in ipairs(grants) do
+    redis.call('PUBLISH', channel, g[1])
+    redis.call('PUBLISH', channel, g[2])
+  end
   for i, c in ipairs(codes) do
     if zero and i == #codes then c = '-' .. c end
     redis.call('PUBLISH', channel, c)
   end
   if zero then redis.call('PUBLISH', channel, '0') end
-  return head ~= nil or rest or #pending > 0
+  return still
 end
 `
