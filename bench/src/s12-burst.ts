@@ -16,6 +16,7 @@ import {
   connect,
   cpuMsSince,
   describeFailures,
+  exclusiveAcquire,
   fmt,
   interleave,
   median,
@@ -122,18 +123,7 @@ const floorBackend = effectSide("floor: lockstep's backend calls alone", (url) =
     const backend = Context.get(context, LockBackend.LockBackend)
     const holder = `${backend.clientId}:burst`
     return {
-      acquire: (key: string) =>
-        backend.acquire({
-          key,
-          mode: "exclusive",
-          leaseMs: 30_000,
-          holder,
-          permits: 1,
-          limit: 1,
-          fair: false,
-          waiterTtlMs: 5_000,
-          count: 1
-        }),
+      acquire: (key: string) => backend.acquire(exclusiveAcquire(key, holder)),
       release: (key: string) => backend.release({ key, mode: "exclusive", leaseMs: 30_000, holder, count: 1 })
     }
   }))

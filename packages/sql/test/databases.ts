@@ -88,3 +88,16 @@ export const losingData = (db: Database, options?: SqlBackend.Options): Layer.La
       }))
     )
   ).pipe(Layer.provide(db.client), Layer.orDie)
+
+/** An exclusive acquisition of `key` by `holder` (10 s lease), as the lock API sends it. */
+export const exclusiveRequest = (key: string, holder: string, count = 1) => ({
+  key,
+  holder,
+  mode: "exclusive" as const,
+  permits: 1,
+  limit: 1,
+  leaseMs: 10_000,
+  fair: false,
+  waiterTtlMs: 1_000,
+  count
+})

@@ -14,7 +14,7 @@ import { Lock } from "@lockstep/core"
 import { PgClient } from "@effect/sql-pg"
 import { Redacted } from "effect"
 import { SqlBackend } from "@lockstep/sql"
-import { backend, database, type Database } from "./databases.js"
+import { backend, database, type Database, exclusiveRequest } from "./databases.js"
 
 /**
  * The backend on a one-connection client whose connection was given `settings` first (a session
@@ -33,17 +33,7 @@ const onSession = (db: Database, settings: ReadonlyArray<string>) =>
     return { sql, service }
   })
 
-const request = (key: string, holder: string) => ({
-  key,
-  holder,
-  mode: "exclusive" as const,
-  permits: 1,
-  limit: 1,
-  leaseMs: 10_000,
-  fair: false,
-  waiterTtlMs: 1_000,
-  count: 1
-})
+const request = exclusiveRequest
 
 const db = await database("pg")
 const db2 = await database("pg")

@@ -6,7 +6,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect, Layer } from "effect"
 import { LockBackend } from "@lockstep/core/LockBackend"
-import { backend, database } from "./databases.js"
+import { backend, database, exclusiveRequest } from "./databases.js"
 
 const texts = [
   "plain",
@@ -39,17 +39,7 @@ for (const kind of ["pg", "mysql", "sqlite"] as const) {
           const key = `literal:${kind}:${text}`
           // a holder id is at most 256 bytes on MySQL
           const holder = `${service.clientId}:${text.slice(0, 100)}`
-          const request = {
-            key,
-            holder,
-            mode: "exclusive" as const,
-            permits: 1,
-            limit: 1,
-            leaseMs: 10_000,
-            fair: false,
-            waiterTtlMs: 1_000,
-            count: 1
-          }
+          const request = exclusiveRequest(key, holder)
           const granted = yield* service.acquire(request)
           assert.strictEqual(granted._tag, "Granted", `acquire of key #${i}`)
           const state = yield* service.inspect(key)

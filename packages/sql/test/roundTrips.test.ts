@@ -12,7 +12,7 @@ import type { Connection } from "@effect/sql/SqlConnection"
 import { Lock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { SqlBackend } from "@lockstep/sql"
-import { database, type Database } from "./databases.js"
+import { database, type Database, exclusiveRequest } from "./databases.js"
 
 /** What the wrapped client saw and what it is to do with the next calls. */
 interface Calls {
@@ -80,17 +80,7 @@ const counted = <A, E, R>(calls: Calls, effect: Effect.Effect<A, E, R>): Effect.
     return Effect.map(effect, (a) => [a, calls.texts.length - before] as const)
   })
 
-const acquireRequest = (key: string, holder: string, count = 1) => ({
-  key,
-  holder,
-  mode: "exclusive" as const,
-  permits: 1,
-  limit: 1,
-  leaseMs: 10_000,
-  fair: false,
-  waiterTtlMs: 1_000,
-  count
-})
+const acquireRequest = exclusiveRequest
 
 for (const kind of ["pg", "mysql"] as const) {
   const db = await database(kind)
