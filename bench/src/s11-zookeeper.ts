@@ -41,10 +41,9 @@ import {
 const workers = 8
 const holdMs = 1
 
-/** `acquire` calls of a side's backends and the grants they answered. */
+/** `acquire` calls of a side's backends. */
 interface Calls {
   acquires: number
-  grants: number
 }
 
 interface Side {
@@ -57,7 +56,7 @@ interface Side {
   readonly received?: { readonly read: Effect.Effect<number, Error>; readonly overhead: number } | undefined
 }
 
-/** The backend, its `acquire` calls and grants counted in `calls`. */
+/** The backend, its `acquire` calls counted in `calls`. */
 const counted = (backend: Layer.Layer<LockBackend, unknown>, calls: Calls): Layer.Layer<LockBackend, unknown> =>
   Layer.effect(
     LockBackend,
@@ -66,9 +65,7 @@ const counted = (backend: Layer.Layer<LockBackend, unknown>, calls: Calls): Laye
       acquire: (request) =>
         Effect.suspend(() => {
           calls.acquires++
-          return Effect.tap(service.acquire(request), (result) => {
-            if (result._tag === "Granted") calls.grants++
-          })
+          return service.acquire(request)
         })
     }))
   ).pipe(Layer.provide(backend))
@@ -149,17 +146,18 @@ const received = (server: ZooKeeperServer.ZooKeeperServer): Effect.Effect<NonNul
   })
 
 /**
- * Runs `loop` and counts what it cost: the `acquire` calls and grants of the side's backends and,
- * for ZooKeeper, the requests the server received (less what the `srvr` read after it adds).
+ * Runs `loop` and counts what it cost per grant (`grantsOf`: the critical sections it ran, each a
+ * grant: a grant handed over by a release comes without an `acquire` call of the waiter's): the
+ * `acquire` calls of the side's backends and, for ZooKeeper, the requests the server received
+ * (less what the `srvr` read after it adds).
  */
-const measured = <A, E>(side: Side, loop: Effect.Effect<A, E>) =>
+const measured = <A, E>(side: Side, loop: Effect.Effect<A, E>, grantsOf: (result: A) => number) =>
   Effect.gen(function*() {
     const before = side.received === undefined ? NaN : yield* side.received.read
     const acquires = side.calls.acquires
-    const grants = side.calls.grants
     const result = yield* loop
     const after = side.received === undefined ? NaN : yield* side.received.read
-    const granted = side.calls.grants - grants
+    const granted = grantsOf(result)
     return {
       result,
       grants: granted,
@@ -206,12 +204,12 @@ export const run = (env: Env) =>
         id,
         name,
         backend: ZooKeeperBackend.layerFrom(server.connectionString, { namespace: `/lockstep-bench-${process.pid}` }),
-        calls: { acquires: 0, grants: 0 },
+        calls: { acquires: 0 },
         received: counter
       }))
 
     const all: ReadonlyArray<Side> = [
-      { id: "redis", name: "Redis (the bench's redis-server)", backend: RedisBackend.layerFrom(env.url), calls: { acquires: 0, grants: 0 } },
+      { id: "redis", name: "Redis (the bench's redis-server)", backend: RedisBackend.layerFrom(env.url), calls: { acquires: 0 } },
       yield* zooKeeperSide("zookeeper", `ZooKeeper ${version}, fsync per write (its default)`, synced),
       yield* zooKeeperSide("zookeeper-nosync", `ZooKeeper ${version}, forceSync=no`, unsynced)
     ]
@@ -232,7 +230,8 @@ export const run = (env: Env) =>
         // the window starts once the counter has been read
         const { acquiresPerGrant, requestsPerGrant, result } = yield* measured(
           side,
-          Effect.suspend(() => runLoop(single, { holdMs: 0, endAt: now() + windowMs }))
+          Effect.suspend(() => runLoop(single, { holdMs: 0, endAt: now() + windowMs })),
+          (result) => result.count
         )
         const cpuMs = cpuMsSince(cpu)
         return {
@@ -252,7 +251,8 @@ export const run = (env: Env) =>
             return Effect.forEach(contended, (locker) => runLoop(locker, { holdMs, endAt, trackWaits: true, keepWaits: true }), {
               concurrency: "unbounded"
             })
-          })
+          }),
+          (results) => results.reduce((sum, r) => sum + r.count, 0)
         )
         const summary = summarize(result, contendedWindowMs)
         return {
@@ -324,7 +324,7 @@ export const run = (env: Env) =>
           `adds: ${all.map((side) => side.received?.overhead).filter((n) => n !== undefined).join(" / ")}; the sessions' pings ` +
           "included), per grant; - for Redis",
         "the ZooKeeper servers: standalone, on loopback, data in the OS temp dir; the redis-server runs without persistence",
-        "acquire calls/grant: LockBackend.acquire calls per grant (1.00: every attempt granted at once)"
+        "acquire calls/grant: LockBackend.acquire calls per critical section (1.00: every attempt granted at once; below 1: releases handed the lock over)"
       ]
     )
     return {
