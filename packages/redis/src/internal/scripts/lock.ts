@@ -575,23 +575,8 @@ if remaining ~= held then
 end
 local zero = false
 if me.x == 0 and me.s == 0 then
-  st.holders[holder] = nil
   forget('0')
-  if next(st.holders) == nil then
-    redis.call('DEL', key)
-    zero = true
-  else
-    local gone = { holder, sfield, meta, P .. 'c|' .. holder }
-    local shared = false
-    local latest = 0
-    for _, r in pairs(st.holders) do
-      if r.s > 0 then shared = true end
-      if r.e > latest then latest = r.e end
-    end
-    if not shared and st.limit ~= nil then gone[#gone + 1] = P .. 'limit' end
-    redis.call('HDEL', key, unpack(gone))
-    expire_to(key, st, latest, now)
-  end
+  zero = remove_holder(key, st, holder, now)
 elseif remaining ~= held then
   if excl and me.x == 0 then
     redis.call('HDEL', key, holder)

@@ -218,16 +218,13 @@ local function code_of(member)
   return string.sub(member, 1, string.find(member, '|', 1, true) - 1)
 end
 
--- A waiter that gives up without a grant: a claim a release made for it meanwhile (a hold of
--- count 1 that it never learned of, or learned of too late) is dropped from st and the hash.
--- Returns whether it dropped one, and whether that freed the key (deleted).
-local function drop_claim(key, st, holder, now)
-  local r = st.holders[holder]
-  if r == nil or r.c ~= r.e or r.x > 1 or r.s > 1 or (r.x > 0 and r.s > 0) then return false, false end
+-- A holder's holds end: it leaves st and the hash (its fields, and the limit with the last shared
+-- hold), and the key goes with the last holder. Returns whether the key went.
+local function remove_holder(key, st, holder, now)
   st.holders[holder] = nil
   if next(st.holders) == nil then
     redis.call('DEL', key)
-    return true, true
+    return true
   end
   local gone = { holder, P .. 's|' .. holder, P .. 'm|' .. holder, P .. 'c|' .. holder }
   local shared, latest = false, 0
@@ -238,7 +235,16 @@ local function drop_claim(key, st, holder, now)
   if not shared and st.limit ~= nil then gone[#gone + 1] = P .. 'limit' end
   redis.call('HDEL', key, unpack(gone))
   expire_to(key, st, latest, now)
-  return true, false
+  return false
+end
+
+-- A waiter that gives up without a grant: a claim a release made for it meanwhile (a hold of
+-- count 1 that it never learned of, or learned of too late) is dropped from st and the hash.
+-- Returns whether it dropped one, and whether that freed the key (deleted).
+local function drop_claim(key, st, holder, now)
+  local r = st.holders[holder]
+  if r == nil or r.c ~= r.e or r.x > 1 or r.s > 1 or (r.x > 0 and r.s > 0) then return false, false end
+  return true, remove_holder(key, st, holder, now)
 end
 
 -- The fair queue without its expired entries (each is removed once: amortised O(log n)).
