@@ -69,17 +69,7 @@ for (const kind of ["pg", "mysql", "sqlite"] as const) {
         yield* Effect.either(service.release({ key, holder, mode: "exclusive", count: 1, leaseMs: hostile }))
         yield* Effect.either(service.cancel({ key, holder: `${holder}:2`, leaseMs: hostile }))
         // the table is there, and locks work
-        const request = {
-          key,
-          holder: `${holder}:3`,
-          mode: "exclusive" as const,
-          permits: 1,
-          limit: 1,
-          leaseMs: 10_000,
-          fair: false,
-          waiterTtlMs: 1_000,
-          count: 1
-        }
+        const request = exclusiveRequest(key, `${holder}:3`)
         assert.strictEqual((yield* service.acquire(request))._tag, "Granted")
         assert.strictEqual((yield* service.inspect(key)).holders.length, 1)
       }), 60_000)
