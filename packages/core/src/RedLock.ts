@@ -38,6 +38,7 @@ import { Context, Duration, Effect, Layer } from "effect"
 import { LockBackend } from "./LockBackend.js"
 import type { Service } from "./LockBackend.js"
 import { InvalidLockOptions } from "./LockError.js"
+import { makeLifecycle } from "./internal/backendKit.js"
 import * as internal from "./internal/redLock.js"
 import * as validate from "./internal/options.js"
 
@@ -109,6 +110,9 @@ export const defaultRetryJitter: Duration.Duration = Duration.millis(50)
  * @category constructors
  */
 export const make = (nodes: ReadonlyArray<Service>, options?: Options): Effect.Effect<Service, InvalidLockOptions> =>
+  Effect.map(validated(nodes, options), (settings) => internal.make(nodes, settings))
+
+const validated = (nodes: ReadonlyArray<Service>, options: Options | undefined): Effect.Effect<internal.Settings, InvalidLockOptions> =>
   Effect.gen(function*() {
     if (nodes.length < 3) {
       return yield* new InvalidLockOptions({
@@ -118,7 +122,7 @@ export const make = (nodes: ReadonlyArray<Service>, options?: Options): Effect.E
     }
     const nodeTimeoutMs = (yield* validate.optionalMillis("nodeTimeout", options?.nodeTimeout)) ?? Duration.toMillis(defaultNodeTimeout)
     const retryJitterMs = (yield* validate.optionalMillis("retryJitter", options?.retryJitter)) ?? Duration.toMillis(defaultRetryJitter)
-    return internal.make(nodes, { nodeTimeoutMs, retryJitterMs: Math.max(1, Math.round(retryJitterMs)) })
+    return { nodeTimeoutMs, retryJitterMs: Math.max(1, Math.round(retryJitterMs)) }
   })
 
 /**
@@ -152,8 +156,14 @@ export const layer = <E, R>(
 ): Layer.Layer<LockBackend, E | InvalidLockOptions, R> =>
   Layer.scoped(
     LockBackend,
-    Effect.flatMap(
-      Effect.forEach(nodes, (node) => Effect.map(Layer.build(node), Context.get(LockBackend)), { concurrency: "unbounded" }),
-      (services) => make(services, options)
-    )
+    Effect.gen(function*() {
+      const services = yield* Effect.forEach(nodes, (node) => Effect.map(Layer.build(node), Context.get(LockBackend)), {
+        concurrency: "unbounded"
+      })
+      const settings = yield* validated(services, options)
+      // closed before the nodes: a call after the layer ended says the quorum is closed
+      const lifecycle = makeLifecycle({ backend: "RedLock backend" })
+      yield* lifecycle.closeWithScope
+      return internal.make(services, settings, lifecycle)
+    })
   )

@@ -7,6 +7,11 @@
 /**
  * @since 0.1.0
  */
+export * as BackendKit from "./BackendKit.js"
+
+/**
+ * @since 0.1.0
+ */
 export * as CountDownLatch from "./CountDownLatch.js"
 
 /**

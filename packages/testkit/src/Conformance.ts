@@ -6,9 +6,10 @@
  * @since 0.1.0
  */
 import { describe, it } from "@effect/vitest"
-import type { Layer } from "effect"
+import type { Effect, Layer } from "effect"
 import type { LockBackend } from "@lockstep/core/LockBackend"
 import type { DataLoss } from "./FaultyBackend.js"
+import * as closed from "./internal/closedConformance.js"
 import * as internal from "./internal/conformance.js"
 
 /**
@@ -91,3 +92,53 @@ export interface Harness {
 export const suite = (harness: Harness): void => {
   describe(`conformance: ${harness.name}`, () => internal.register(harness, harness.clock === "test" ? it.effect : it.live))
 }
+
+/**
+ * What one call on a closed backend ended with (see `callEveryOperation`): the error it failed
+ * with, or a description of how it ended otherwise.
+ *
+ * @example
+ * ```ts
+ * import type * as Conformance from "@lockstep/testkit/Conformance"
+ *
+ * const call: Conformance.ClosedCall = { operation: "acquire", error: "succeeded with {}" }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface ClosedCall {
+  readonly operation: string
+  readonly error: unknown
+}
+
+/**
+ * Calls every operation of a backend once (each bounded by 5 seconds) and answers what each ended
+ * with: after the backend's scope closed, each must be the closed-backend `BackendError`
+ * (`LockError.isBackendClosed`). The suite's `closed backend` test checks it; a backend's own
+ * tests use it for what only that backend has (a borrowed client still open, say).
+ * `latches: false` leaves out the latch operations.
+ *
+ * @example
+ * ```ts
+ * import { Effect, Exit, Layer, Context, Scope } from "effect"
+ * import { LockBackend } from "@lockstep/core/LockBackend"
+ * import { MemoryBackend } from "@lockstep/memory"
+ * import * as Conformance from "@lockstep/testkit/Conformance"
+ *
+ * const afterClose = Effect.gen(function* () {
+ *   const scope = yield* Scope.make()
+ *   const context = yield* Layer.buildWithScope(MemoryBackend.layer, scope)
+ *   yield* Scope.close(scope, Exit.void)
+ *   return yield* Conformance.callEveryOperation(Context.get(context, LockBackend), "key")
+ * })
+ * ```
+ *
+ * @since 0.1.0
+ * @category suites
+ */
+export const callEveryOperation: (
+  service: LockBackend["Type"],
+  key: string,
+  latches?: boolean
+) => Effect.Effect<ReadonlyArray<ClosedCall>> = closed.callEveryOperation

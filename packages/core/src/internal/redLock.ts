@@ -3,6 +3,7 @@ import { Effect, Either, Fiber, Random } from "effect"
 import type * as LockBackend from "../LockBackend.js"
 import type { NodeAnswer } from "../LockError.js"
 import { BackendError, InvalidLockOptions, NotHeld, QuorumNotReached } from "../LockError.js"
+import type { Lifecycle } from "../BackendKit.js"
 import { driftMs, monotonicMillis } from "./time.js"
 
 /** A quorum's settings, validated. */
@@ -46,7 +47,11 @@ const describe = (error: unknown): string => (error instanceof Error ? error.mes
  * majority granted it within its validity (the lease less the time the attempt took and the
  * clocks' drift); otherwise it is given back on every node, those that did not answer included.
  */
-export const make = (nodes: ReadonlyArray<LockBackend.Service>, settings: Settings): LockBackend.Service => {
+/**
+ * The quorum's service. With `lifecycle`, every call starts only while it is open: a quorum built
+ * by a layer is closed with the layer, as its nodes are.
+ */
+export const make = (nodes: ReadonlyArray<LockBackend.Service>, settings: Settings, lifecycle?: Lifecycle): LockBackend.Service => {
   const n = nodes.length
   const quorum = Math.floor(n / 2) + 1
   // the fence each holder was handed at its first grant: a re-entry answers with it, whichever
@@ -254,25 +259,29 @@ export const make = (nodes: ReadonlyArray<LockBackend.Service>, settings: Settin
   const latchRefusal = new InvalidLockOptions({ field: "kind", reason: `CountDownLatch: ${unsupported.latch}` })
   const refused = Effect.fail(latchRefusal)
 
+  const open = <A, E, R>(operation: string, effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | BackendError, R> =>
+    lifecycle === undefined ? effect : lifecycle.whileOpen(operation, effect)
+
   return {
     clientId: nodes.map((node) => node.clientId).join("+"),
     unsupported,
-    acquire,
-    release,
-    renew,
-    inspect,
-    forceRelease: (request) => Effect.map(onMajority("forceRelease", request.key, (node) => node.forceRelease(request)), (held) => held.some((h) => h)),
-    raiseFence: (request) => Effect.asVoid(onMajority("raiseFence", request.key, (node) => node.raiseFence(request))),
-    cancel: (request) => Effect.asVoid(onAll("cancel", (node) => node.cancel(request))),
+    acquire: (request) => open("acquire", acquire(request)),
+    release: (request) => open("release", release(request)),
+    renew: (requests) => open("renew", renew(requests)),
+    inspect: (key) => open("inspect", inspect(key)),
+    forceRelease: (request) =>
+      open("forceRelease", Effect.map(onMajority("forceRelease", request.key, (node) => node.forceRelease(request)), (held) => held.some((h) => h))),
+    raiseFence: (request) => open("raiseFence", Effect.asVoid(onMajority("raiseFence", request.key, (node) => node.raiseFence(request)))),
+    cancel: (request) => open("cancel", Effect.asVoid(onAll("cancel", (node) => node.cancel(request)))),
     // a release on any node may be the one that frees a majority: wake on the first signal
     subscribe: (key, holder, mode): Effect.Effect<LockBackend.Subscription, BackendError, Scope.Scope> =>
-      Effect.gen(function*() {
+      open("subscribe", Effect.gen(function*() {
         const subscribed = yield* Effect.forEach(nodes, (node) => Effect.either(node.subscribe(key, holder, mode)), { concurrency: "unbounded" })
-        const open = subscribed.filter(Either.isRight).map((s) => s.right)
+        const live = subscribed.filter(Either.isRight).map((s) => s.right)
         const first = subscribed.find(Either.isLeft)
-        if (open.length === 0 && first !== undefined) return yield* Effect.fail(first.left)
-        return { await: Effect.raceAll(open.map((s) => s.await)) }
-      }),
+        if (live.length === 0 && first !== undefined) return yield* Effect.fail(first.left)
+        return { await: Effect.raceAll(live.map((s) => s.await)) }
+      })),
     latchSetCount: () => refused,
     latchCountDown: () => refused,
     latchCount: () => refused,

@@ -1,6 +1,7 @@
 import type { Harness } from "../Conformance.js"
 import * as Kit from "./conformanceKit.js"
 import type { TestFn } from "./conformanceKit.js"
+import * as ClosedConformance from "./closedConformance.js"
 import * as FairLockConformance from "./fairLockConformance.js"
 import * as FaultConformance from "./faultConformance.js"
 import * as InputConformance from "./inputConformance.js"
@@ -64,7 +65,8 @@ const scenarios: ReadonlyArray<(kit: Kit.Kit) => void> = [
   FaultConformance.lossyContention,
   MultiLockConformance.register,
   LatchConformance.register,
-  InputConformance.hostileInput
+  InputConformance.hostileInput,
+  ClosedConformance.closedBackend
 ]
 
 export const register = (harness: Harness, test: TestFn): void => {
