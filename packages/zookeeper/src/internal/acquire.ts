@@ -43,26 +43,27 @@ const attemptData = (
     g: granted
   })
 
-/** What an attempt's two round trips found, or why it must start again. */
-type Sighting =
-  | { readonly _tag: "Vanished"; readonly why: string }
-  | {
-    readonly _tag: "Seen"
-    readonly lockPath: string
-    /** The attempt made a new node (rather than refreshing its waiting one). */
-    readonly fresh: boolean
-    /** What the waiting node said before this attempt's heartbeat. */
-    readonly previous: Buffer | undefined
-    /** The outcome of the node's own write. */
-    readonly written: Outcome | undefined
-    /** The outcome of reading the key's fence floor. */
-    readonly floor: Outcome | undefined
-    readonly ownPath: string
-    /** The node after the write: its zxids, and the server's time of the write. */
-    readonly ownStat: Stat
-    /** The nodes before it, in sequence order. */
-    readonly before: ReadonlyArray<Seen>
-  }
+/** Where an attempt's node stands, as its two round trips found it. */
+interface Standing {
+  readonly _tag: "Standing"
+  readonly lockPath: string
+  /** The attempt made a new node (rather than refreshing its waiting one). */
+  readonly fresh: boolean
+  /** What the waiting node said before this attempt's heartbeat. */
+  readonly previous: Buffer | undefined
+  /** The outcome of the node's own write. */
+  readonly written: Outcome | undefined
+  /** The outcome of reading the key's fence floor. */
+  readonly floor: Outcome | undefined
+  readonly ownPath: string
+  /** The node after the write: its zxids, and the server's time of the write. */
+  readonly ownStat: Stat
+  /** The nodes before it, in sequence order. */
+  readonly before: ReadonlyArray<Seen>
+}
+
+/** What an attempt's round trips found: where its node stands, or why it must start again. */
+type Sighting = { readonly _tag: "Vanished"; readonly why: string } | Standing
 
 /**
  * The attempt's round trips: the contender's own write (a new node, or its waiting node
@@ -99,7 +100,7 @@ const sight = (ctx: BackendContext, request: LockBackend.AcquireRequest, state: 
     if (codeOf(written) === Code.noNode) {
       // fresh: the key's node is gone (swept, its contenders all gone); else our waiting node
       // is gone (expired, or forced out): a new node either way
-      ctx.keyNodes.forget(lockPath)
+      ctx.keyNodes.delete(lockPath)
       state.path = undefined
       return { _tag: "Vanished", why: "the key's node kept vanishing" } as const
     }
@@ -124,10 +125,8 @@ const sight = (ctx: BackendContext, request: LockBackend.AcquireRequest, state: 
     }
     state.mtime = ownStat.mtime
     ctx.clock.saw(ownStat.mtime)
-    return { _tag: "Seen", lockPath, fresh, previous, written, floor: first[2], ownPath, ownStat, before: read.seen } as const
+    return { _tag: "Standing", lockPath, fresh, previous, written, floor: first[2], ownPath, ownStat, before: read.seen } as const
   })
-
-type Seeing = Extract<Sighting, { _tag: "Seen" }>
 
 /**
  * A node of this backend's that none of its holders has, and none is making: left by a create
@@ -153,27 +152,28 @@ const attempt = (
   Effect.gen(function*() {
     const again = (why: string) =>
       tries >= 5 ? Effect.fail(ctx.lifecycle.failure("acquire")(new Error(why))) : attempt(ctx, request, state, id, tries + 1)
-    const seen = yield* sight(ctx, request, state)
-    if (seen._tag === "Vanished") return yield* again(seen.why)
-    const now = seen.ownStat.mtime
+    const sighting = yield* sight(ctx, request, state)
+    if (sighting._tag === "Vanished") return yield* again(sighting.why)
+    const standing = sighting
+    const now = standing.ownStat.mtime
     // an orphan goes like an expired node
-    const orphans = seen.before.filter((n) => isOrphan(ctx, request.key, seen.lockPath, n.contender))
-    const judged = judge(orphans.length === 0 ? seen.before : seen.before.filter((n) => !orphans.includes(n)), now)
+    const orphans = standing.before.filter((n) => isOrphan(ctx, request.key, standing.lockPath, n.contender))
+    const judged = judge(orphans.length === 0 ? standing.before : standing.before.filter((n) => !orphans.includes(n)), now)
     const live = judged.live
-    if (!(yield* dropExpired(ctx, "acquire", seen.lockPath, [...judged.expired, ...orphans]))) {
+    if (!(yield* dropExpired(ctx, "acquire", standing.lockPath, [...judged.expired, ...orphans]))) {
       return yield* again("expired nodes kept being renewed")
     }
     // a shared request naming another limit than the key's live shared nodes
     if (request.mode === "shared") {
       const other = limitConflict(live, request)
-      if (other !== undefined) return yield* refuseLimit(ctx, request, state, id, seen, other)
+      if (other !== undefined) return yield* refuseLimit(ctx, request, state, id, standing, other)
     }
     // a fair request waits behind every waiter before it, also one that would fit beside it
     if (mayHold(live, request) && !(request.fair && live.some((n) => !isHolder(n)))) {
-      const granted = yield* grant(ctx, request, state, seen)
+      const granted = yield* grant(ctx, request, state, standing)
       return granted ?? (yield* again("the contender's node kept vanishing"))
     }
-    return yield* deny(ctx, request, state, id, seen, live)
+    return yield* deny(ctx, request, state, id, standing, live)
   })
 
 /** Refuses a limit other than the key's: a node the attempt made goes, a queue entry stays as it was. */
@@ -182,19 +182,19 @@ const refuseLimit = (
   request: LockBackend.AcquireRequest,
   state: Holder,
   id: string,
-  seen: Seeing,
+  standing: Standing,
   other: Judged
 ): Effect.Effect<never, BackendError | InvalidLockOptions> =>
   Effect.gen(function*() {
-    if (seen.fresh) {
-      const outcomes = yield* ctx.send("acquire", [{ _tag: "remove", path: seen.ownPath, version: -1 }])
+    if (standing.fresh) {
+      const outcomes = yield* ctx.send("acquire", [{ _tag: "remove", path: standing.ownPath, version: -1 }])
       state.path = undefined
       yield* ctx.expect("acquire", outcomes[0], Code.noNode)
       ctx.holders.delete(id)
     } else {
-      state.waiting = seen.previous
-      if (seen.previous !== undefined) {
-        const restored = (yield* ctx.send("acquire", [{ _tag: "setData", path: seen.ownPath, data: seen.previous, version: -1 }]))[0]
+      state.waiting = standing.previous
+      if (standing.previous !== undefined) {
+        const restored = (yield* ctx.send("acquire", [{ _tag: "setData", path: standing.ownPath, data: standing.previous, version: -1 }]))[0]
         yield* ctx.expect("acquire", restored, Code.noNode)
       }
     }
@@ -206,16 +206,16 @@ const grant = (
   ctx: BackendContext,
   request: LockBackend.AcquireRequest,
   state: Holder,
-  seen: Seeing
+  standing: Standing
 ): Effect.Effect<LockBackend.AcquireResult | undefined, BackendError> =>
   Effect.gen(function*() {
     // the fence: the zxid of this attempt's first write (a new node's creation; a waiter's
     // heartbeat, as its node is older than the grants made while it waited)
-    const fence = (seen.fresh ? seen.ownStat.czxid : replyOf(seen.written, "stat")!.stat.mzxid) + floorOf(seen.floor)
-    if (!seen.fresh) {
+    const fence = (standing.fresh ? standing.ownStat.czxid : replyOf(standing.written, "stat")!.stat.mzxid) + floorOf(standing.floor)
+    if (!standing.fresh) {
       // a waiter let in: its node says so from now on, and lasts its lease
       const confirmed = (yield* ctx.send("acquire", [
-        { _tag: "setData", path: seen.ownPath, data: attemptData(request, state, seen.fresh, 1, fence), version: -1 }
+        { _tag: "setData", path: standing.ownPath, data: attemptData(request, state, standing.fresh, 1, fence), version: -1 }
       ]))[0]
       const stat = replyOf(confirmed, "stat")
       if (stat === undefined) {
@@ -245,11 +245,11 @@ const deny = (
   request: LockBackend.AcquireRequest,
   state: Holder,
   id: string,
-  seen: Seeing,
+  standing: Standing,
   live: ReadonlyArray<Judged>
 ): Effect.Effect<LockBackend.AcquireResult, BackendError> =>
   Effect.gen(function*() {
-    const { fresh, lockPath, ownPath } = seen
+    const { fresh, lockPath, ownPath } = standing
     const writers = live.filter(excludesReaders)
     const blockers = request.mode === "exclusive" ? live.slice(-1) : writers.length > 0 ? writers.slice(-1) : live
     if (request.fair && !fresh) state.waiterTtlMs = request.waiterTtlMs
@@ -281,7 +281,7 @@ const deny = (
     }
     // a blocker gone before its watch was set: try again at once
     if (outcomes.slice(fresh ? 1 : 0).some((o) => replyOf(o, "exists")?.stat === undefined)) ctx.wakeups.wake(id)
-    return { _tag: "Denied", retryAfterMs: retryAfterMs(request, live, seen.ownStat.mtime) } as const
+    return { _tag: "Denied", retryAfterMs: retryAfterMs(request, live, standing.ownStat.mtime) } as const
   })
 
 /**
@@ -310,7 +310,7 @@ const reenter = (
 ): Effect.Effect<LockBackend.AcquireResult, BackendError | InvalidLockOptions | NotHeld | LockUpgradeNotSupported> =>
   Effect.gen(function*() {
     const notHeld = () => {
-      ctx.holders.remember(id, request.leaseMs)
+      ctx.holders.markEnded(id, request.leaseMs)
       return Effect.fail(new NotHeld({ key: request.key, holder: request.holder }))
     }
     if (state.epoch !== ctx.session.epoch()) return yield* notHeld()
@@ -370,24 +370,24 @@ export const acquire = (
       if (request.mode === "shared" && request.permits > request.limit) {
         return yield* Effect.fail(Rules.permitsExceedLimit(request.key, request.permits, request.limit))
       }
-      const state = ctx.holders.get(id)
-      if (state !== undefined && state.fence !== undefined) return yield* reenter(ctx, request, state, id)
+      const known = ctx.holders.get(id)
+      if (known !== undefined && known.fence !== undefined) return yield* reenter(ctx, request, known, id)
       // more than one: the caller believes it holds; ended: a late copy of a request
       if (request.count > 1 || ctx.holders.hasEnded(id) || ctx.holders.wasUnheld(id)) return yield* refuse(ctx, request)
-      const holder = state ?? newHolder(request, ctx.session.epoch())
-      holder.leaseMs = request.leaseMs
+      const state = known ?? newHolder(request, ctx.session.epoch())
+      state.leaseMs = request.leaseMs
       // a waiting node keeps the timeout of the fair request that queued it
-      if (holder.path === undefined) {
-        holder.fair = request.fair
+      if (state.path === undefined) {
+        state.fair = request.fair
         // a non-fair waiter tries again once per waiter timeout, a fair one three times
-        holder.waiterTtlMs = request.fair ? request.waiterTtlMs : 3 * request.waiterTtlMs
+        state.waiterTtlMs = request.fair ? request.waiterTtlMs : 3 * request.waiterTtlMs
       }
-      ctx.holders.set(id, holder)
-      return yield* attempt(ctx, request, holder, id, 0).pipe(
+      ctx.holders.set(id, state)
+      return yield* attempt(ctx, request, state, id, 0).pipe(
         Effect.tapError((error) =>
           Effect.sync(() => {
             // no answer to a create: the node may exist; a clean-up looks for it by prefix
-            if (error._tag === "BackendError" && holder.path === undefined) holder.unsure = true
+            if (error._tag === "BackendError" && state.path === undefined) state.unsure = true
           })
         )
       )

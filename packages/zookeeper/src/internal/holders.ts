@@ -75,11 +75,11 @@ export interface Holders {
   readonly delete: (id: string) => void
   /** Whether the holder ended (or was refused) less than its lease ago. */
   readonly hasEnded: (id: string) => boolean
-  /** The holder ended: forgotten, and remembered as ended for `leaseMs`. */
-  readonly remember: (id: string, leaseMs: number) => void
+  /** The holder ended: its record goes, and it counts as ended for `leaseMs`. */
+  readonly markEnded: (id: string, leaseMs: number) => void
   /** A holder refused a release (it held nothing): a late copy of its acquisition grants nothing. */
-  readonly rememberUnheld: (id: string, leaseMs: number) => void
-  /** Whether a release of the holder was refused less than its lease ago (see `rememberUnheld`). */
+  readonly markUnheld: (id: string, leaseMs: number) => void
+  /** Whether a release of the holder was refused less than its lease ago (see `markUnheld`). */
   readonly wasUnheld: (id: string) => boolean
   /**
    * `effect` in its turn among the requests of `id`: copies of a request, a renewal and a release
@@ -105,7 +105,7 @@ export const makeHolders = (): Holders => {
     return false
   }
 
-  const remember = (id: string, leaseMs: number) => {
+  const markEnded = (id: string, leaseMs: number) => {
     holders.delete(id)
     ended.delete(id)
     ended.set(id, Date.now() + leaseMs)
@@ -149,8 +149,8 @@ export const makeHolders = (): Holders => {
     set: (id, holder) => void holders.set(id, holder),
     delete: (id) => void holders.delete(id),
     hasEnded,
-    remember,
-    rememberUnheld: (id, leaseMs) => {
+    markEnded,
+    markUnheld: (id, leaseMs) => {
       ended.delete(`!${id}`)
       ended.set(`!${id}`, Date.now() + leaseMs)
     },

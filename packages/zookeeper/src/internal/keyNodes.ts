@@ -17,7 +17,7 @@ export interface KeyNodes {
   /** The node was used now, if it is one this backend knows. */
   readonly usedIfKnown: (path: string) => void
   /** The node is gone (or may be): the next attempt creates it again. */
-  readonly forget: (path: string) => void
+  readonly delete: (path: string) => void
   /** Takes the nodes unused for `intervalMs` out of the list and answers them. */
   readonly takeIdle: (intervalMs: number) => ReadonlyArray<string>
 }
@@ -30,7 +30,7 @@ export const makeKeyNodes = (): KeyNodes => {
     usedIfKnown: (path) => {
       if (lastUsed.has(path)) lastUsed.set(path, Date.now())
     },
-    forget: (path) => void lastUsed.delete(path),
+    delete: (path) => void lastUsed.delete(path),
     takeIdle: (intervalMs) => {
       const now = Date.now()
       const idle = [...lastUsed].filter(([, at]) => now - at >= intervalMs).map(([path]) => path)

@@ -64,7 +64,7 @@ export const forceRelease = (ctx: BackendContext, request: LockBackend.ForceRele
         const now = ctx.clock.now()
         for (const node of holding) {
           if (node.contender.holder.startsWith(ctx.ours)) {
-            ctx.holders.remember(idOf(request.key, node.contender.holder), Math.max(1, node.expiresAt - now))
+            ctx.holders.markEnded(idOf(request.key, node.contender.holder), Math.max(1, node.expiresAt - now))
           }
         }
         const result = outcomes.some((o) => codeOf(o) === 0)

@@ -15,10 +15,10 @@ import type { Request } from "./zk.js"
 import { Code, codeOf, replyOf } from "./zk.js"
 
 /**
- * Deletes the holder's node: whether one was there. When a `create` answer was lost the node is
+ * Drops the holder's node: whether one was there. When a `create` answer was lost the node is
  * searched for by the holder's prefix (best-effort: a name the search misses expires).
  */
-export const forget = (ctx: BackendContext, operation: string, state: Holder): Effect.Effect<boolean, BackendError> =>
+export const dropNode = (ctx: BackendContext, operation: string, state: Holder): Effect.Effect<boolean, BackendError> =>
   Effect.gen(function*() {
     const lockPath = ctx.layout.lock(state.key)
     const targets: Array<string> = []
@@ -53,14 +53,14 @@ export const release = (ctx: BackendContext, request: LockBackend.ReleaseRequest
         // a holder with no hold: a node left by an attempt that failed (its answer lost, or
         // a later request of it) goes; a queue entry stays until it is cancelled or expires
         if (state !== undefined && (state.unsure || (!state.fair && !ctx.wakeups.isWaiting(id)))) {
-          yield* forget(ctx, "release", state)
+          yield* dropNode(ctx, "release", state)
           if (!state.fair) holders.delete(id)
         }
-        holders.rememberUnheld(id, request.leaseMs)
+        holders.markUnheld(id, request.leaseMs)
         return yield* Effect.fail(notHeld)
       }
       if (state.epoch !== ctx.session.epoch()) {
-        holders.remember(id, request.leaseMs)
+        holders.markEnded(id, request.leaseMs)
         return yield* Effect.fail(notHeld)
       }
       const current = request.mode === "exclusive" ? state.exclusive : state.shared
@@ -70,8 +70,8 @@ export const release = (ctx: BackendContext, request: LockBackend.ReleaseRequest
         ? { exclusive: remaining, shared: state.shared }
         : { exclusive: state.exclusive, shared: remaining }
       if (next.exclusive === 0 && next.shared === 0) {
-        const removed = yield* forget(ctx, "release", state)
-        holders.remember(id, request.leaseMs)
+        const removed = yield* dropNode(ctx, "release", state)
+        holders.markEnded(id, request.leaseMs)
         if (!removed) return yield* Effect.fail(notHeld)
         return remaining
       }
@@ -82,7 +82,7 @@ export const release = (ctx: BackendContext, request: LockBackend.ReleaseRequest
       const outcome = (yield* ctx.send("release", [{ _tag: "setData", path: state.path!, data: heldData(state), version: -1 }]))[0]
       if (codeOf(outcome) === Code.noNode) {
         Object.assign(state, before)
-        holders.remember(id, request.leaseMs)
+        holders.markEnded(id, request.leaseMs)
         return yield* Effect.fail(notHeld)
       }
       yield* ctx.expect("release", outcome)
@@ -101,7 +101,7 @@ const renewOne = (ctx: BackendContext, request: LockBackend.RenewRequest): Effec
       const state = holders.get(id)
       if (state === undefined || state.fence === undefined || state.path === undefined) return Either.right(false)
       if (state.epoch !== ctx.session.epoch()) {
-        holders.remember(id, request.leaseMs)
+        holders.markEnded(id, request.leaseMs)
         return Either.right(false)
       }
       const leaseMs = state.leaseMs
@@ -111,15 +111,15 @@ const renewOne = (ctx: BackendContext, request: LockBackend.RenewRequest): Effec
       const stat = replyOf(outcome, "stat")
       if (stat === undefined) {
         if (codeOf(outcome) !== Code.noNode) return Either.left(ctx.lifecycle.failure("renew")(outcome))
-        holders.remember(id, request.leaseMs)
+        holders.markEnded(id, request.leaseMs)
         return Either.right(false)
       }
       state.mtime = stat.stat.mtime
       ctx.clock.saw(stat.stat.mtime)
       if (stat.stat.mtime > lastWrite + leaseMs) {
         // the hold had expired before this write brought its node back: it is over
-        yield* Effect.ignore(forget(ctx, "renew", state))
-        holders.remember(id, request.leaseMs)
+        yield* Effect.ignore(dropNode(ctx, "renew", state))
+        holders.markEnded(id, request.leaseMs)
         return Either.right(false)
       }
       return Either.right(true)
@@ -142,8 +142,8 @@ export const cancel = (ctx: BackendContext, request: LockBackend.CancelRequest):
     Effect.gen(function*() {
       const state = holders.get(id)
       if (state !== undefined && state.fence !== undefined) return // a holder: the queue no longer applies
-      if (state !== undefined) yield* forget(ctx, "cancel", state)
-      holders.remember(id, request.leaseMs)
+      if (state !== undefined) yield* dropNode(ctx, "cancel", state)
+      holders.markEnded(id, request.leaseMs)
     })
   )
 }
@@ -161,7 +161,7 @@ export const leaveQueue = (ctx: BackendContext, key: string, holder: string): Ef
       const state = ctx.holders.get(id)
       if (state === undefined || state.fence !== undefined || state.fair || state.path === undefined) return Effect.void
       ctx.holders.delete(id)
-      return Effect.asVoid(forget(ctx, "leave", state))
+      return Effect.asVoid(dropNode(ctx, "leave", state))
     })
   ))
 }
