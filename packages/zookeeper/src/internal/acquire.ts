@@ -362,15 +362,12 @@ const refuse = (ctx: BackendContext, request: LockBackend.AcquireRequest): Effec
 export const acquire = (
   ctx: BackendContext,
   request: LockBackend.AcquireRequest
-): Effect.Effect<LockBackend.AcquireResult, BackendError | InvalidLockOptions | LockUpgradeNotSupported | NotHeld> => {
-  const id = idOf(request.key, request.holder)
-  return ctx.holders.serialized(
-    id,
+): Effect.Effect<LockBackend.AcquireResult, BackendError | InvalidLockOptions | LockUpgradeNotSupported | NotHeld> =>
+  ctx.holders.inTurn(request.key, request.holder, (id, known) =>
     Effect.gen(function*() {
       if (request.mode === "shared" && request.permits > request.limit) {
         return yield* Effect.fail(Rules.permitsExceedLimit(request.key, request.permits, request.limit))
       }
-      const known = ctx.holders.get(id)
       if (known !== undefined && known.fence !== undefined) return yield* reenter(ctx, request, known, id)
       // more than one: the caller believes it holds; ended: a late copy of a request
       if (request.count > 1 || ctx.holders.hasEnded(id) || ctx.holders.wasUnheld(id)) return yield* refuse(ctx, request)
@@ -391,6 +388,4 @@ export const acquire = (
           })
         )
       )
-    })
-  )
-}
+    }))

@@ -86,6 +86,15 @@ export interface Holders {
    * of the same holder see each other's effects.
    */
   readonly serialized: <A, Err>(id: string, effect: Effect.Effect<A, Err>) => Effect.Effect<A, Err>
+  /**
+   * `serialized` for a request of `holder` on `key`: `body` runs in its turn, with the holder's
+   * id and its record as the turn finds it (none: a holder this backend does not know).
+   */
+  readonly inTurn: <A, Err>(
+    key: string,
+    holder: string,
+    body: (id: string, state: Holder | undefined) => Effect.Effect<A, Err>
+  ) => Effect.Effect<A, Err>
   /** Whether a request of `id` is under way (or waiting for its turn). */
   readonly isBusy: (id: string) => boolean
 }
@@ -156,6 +165,10 @@ export const makeHolders = (): Holders => {
     },
     wasUnheld: (id) => hasEnded(`!${id}`),
     serialized,
+    inTurn: (key, holder, body) => {
+      const id = idOf(key, holder)
+      return serialized(id, Effect.suspend(() => body(id, holders.get(id))))
+    },
     isBusy: (id) => busy.has(id)
   }
 }

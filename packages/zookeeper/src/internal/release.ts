@@ -9,7 +9,7 @@ import type { BackendError } from "@lockstep/core/LockError"
 import { NotHeld } from "@lockstep/core/LockError"
 import type { BackendContext } from "./context.js"
 import type { Holder } from "./holders.js"
-import { heldData, idOf } from "./holders.js"
+import { heldData } from "./holders.js"
 import { prefixOf } from "./layout.js"
 import type { Request } from "./zk.js"
 import { Code, codeOf, replyOf } from "./zk.js"
@@ -41,12 +41,9 @@ export const dropNode = (ctx: BackendContext, operation: string, state: Holder):
   })
 
 export const release = (ctx: BackendContext, request: LockBackend.ReleaseRequest): Effect.Effect<number, BackendError | NotHeld> => {
-  const id = idOf(request.key, request.holder)
   const { holders } = ctx
-  return holders.serialized(
-    id,
+  return holders.inTurn(request.key, request.holder, (id, state) =>
     Effect.gen(function*() {
-      const state = holders.get(id)
       const notHeld = new NotHeld({ key: request.key, holder: request.holder })
       if (state === undefined || state.fence === undefined) {
         if (holders.hasEnded(id)) return 0
@@ -88,17 +85,13 @@ export const release = (ctx: BackendContext, request: LockBackend.ReleaseRequest
       yield* ctx.expect("release", outcome)
       state.mtime = replyOf(outcome, "stat")!.stat.mtime
       return remaining
-    })
-  )
+    }))
 }
 
 const renewOne = (ctx: BackendContext, request: LockBackend.RenewRequest): Effect.Effect<LockBackend.RenewResult, BackendError> => {
-  const id = idOf(request.key, request.holder)
   const { holders } = ctx
-  return holders.serialized(
-    id,
+  return holders.inTurn(request.key, request.holder, (id, state) =>
     Effect.gen(function*() {
-      const state = holders.get(id)
       if (state === undefined || state.fence === undefined || state.path === undefined) return Either.right(false)
       if (state.epoch !== ctx.session.epoch()) {
         holders.markEnded(id, request.leaseMs)
@@ -123,8 +116,7 @@ const renewOne = (ctx: BackendContext, request: LockBackend.RenewRequest): Effec
         return Either.right(false)
       }
       return Either.right(true)
-    })
-  )
+    }))
 }
 
 /** Each renewal on its own, all at once: one holder's failure is its own result. */
@@ -134,34 +126,22 @@ export const renew = (
 ): Effect.Effect<ReadonlyArray<LockBackend.RenewResult>, BackendError> =>
   Effect.forEach(requests, (request) => renewOne(ctx, request), { concurrency: "unbounded" })
 
-export const cancel = (ctx: BackendContext, request: LockBackend.CancelRequest): Effect.Effect<void, BackendError> => {
-  const id = idOf(request.key, request.holder)
-  const { holders } = ctx
-  return holders.serialized(
-    id,
+export const cancel = (ctx: BackendContext, request: LockBackend.CancelRequest): Effect.Effect<void, BackendError> =>
+  ctx.holders.inTurn(request.key, request.holder, (id, state) =>
     Effect.gen(function*() {
-      const state = holders.get(id)
       if (state !== undefined && state.fence !== undefined) return // a holder: the queue no longer applies
       if (state !== undefined) yield* dropNode(ctx, "cancel", state)
-      holders.markEnded(id, request.leaseMs)
-    })
-  )
-}
+      ctx.holders.markEnded(id, request.leaseMs)
+    }))
 
 /**
  * A waiter of a non-fair kind keeps its node while subscribed (its place: no herd, no attempts
  * that keep cancelling each other) and gives it up when it leaves ungranted. A fair waiter's
  * place is given up by `cancel`.
  */
-export const leaveQueue = (ctx: BackendContext, key: string, holder: string): Effect.Effect<void> => {
-  const id = idOf(key, holder)
-  return Effect.ignore(ctx.holders.serialized(
-    id,
-    Effect.suspend(() => {
-      const state = ctx.holders.get(id)
-      if (state === undefined || state.fence !== undefined || state.fair || state.path === undefined) return Effect.void
-      ctx.holders.delete(id)
-      return Effect.asVoid(dropNode(ctx, "leave", state))
-    })
-  ))
-}
+export const leaveQueue = (ctx: BackendContext, key: string, holder: string): Effect.Effect<void> =>
+  Effect.ignore(ctx.holders.inTurn(key, holder, (id, state) => {
+    if (state === undefined || state.fence !== undefined || state.fair || state.path === undefined) return Effect.void
+    ctx.holders.delete(id)
+    return Effect.asVoid(dropNode(ctx, "leave", state))
+  }))
