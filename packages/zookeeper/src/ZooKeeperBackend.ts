@@ -28,7 +28,7 @@
  */
 import type { ConfigError, Scope } from "effect"
 import { Config, Duration, Effect, Layer, Redacted } from "effect"
-import { LockBackend } from "@lockstep/core"
+import { BackendKit, LockBackend } from "@lockstep/core"
 import { BackendError } from "@lockstep/core/LockError"
 import type * as Zk from "node-zookeeper-client"
 import * as internal from "./internal/zooKeeperBackend.js"
@@ -103,7 +103,8 @@ export const make = (
   client: Zk.Client,
   options?: Options
 ): Effect.Effect<LockBackend.Service, BackendError, Scope.Scope> => {
-  const endpoint = "ZooKeeper"
+  // a borrowed client does not say where it connects
+  const endpoint = BackendKit.endpointName("ZooKeeper")
   return Effect.flatMap(
     session.borrowed(client, millis(options?.connectTimeout, "10 seconds"), endpoint),
     (live) =>
@@ -152,7 +153,8 @@ const parse = (url: string): {
   const slash = connectionString.indexOf("/")
   const hosts = slash === -1 ? connectionString : connectionString.slice(0, slash)
   const chroot = slash === -1 ? "" : connectionString.slice(slash).replace(/\/+$/, "")
-  return { hosts, chroot, digest, endpoint: `ZooKeeper ${connectionString}` }
+  // the hosts and the chroot as the connection string names them, without the credentials
+  return { hosts, chroot, digest, endpoint: BackendKit.endpointName("ZooKeeper", connectionString) }
 }
 
 /**

@@ -168,5 +168,9 @@ export const isSessionFailure = (failure: ZkFailure): boolean =>
   failure.code === Code.connectionLoss || failure.code === Code.sessionExpired || failure.code === -5 /* marshalling */ ||
   failure.code === -6 /* unimplemented */ || failure.code === -7 /* operation timeout */ || failure.code === -1 /* system */
 
-/** The outcome's reply of the expected kind, or the refusal's code. */
+/** The outcome's reply if it is of kind `tag`; `undefined` for a refusal (or another kind). */
+export const replyOf = <T extends Reply["_tag"]>(outcome: Outcome | undefined, tag: T): Extract<Reply, { _tag: T }> | undefined =>
+  outcome !== undefined && !(outcome instanceof ZkFailure) && outcome._tag === tag ? (outcome as Extract<Reply, { _tag: T }>) : undefined
+
+/** The refusal's code, 0 for a reply (-1 for no outcome at all). */
 export const codeOf = (outcome: Outcome | undefined): number => (outcome instanceof ZkFailure ? outcome.code : outcome === undefined ? -1 : 0)

@@ -8,6 +8,7 @@ import { Cause, Effect, Exit, Layer, Option, Redacted, Schedule, Scope } from "e
 import * as Zk from "node-zookeeper-client"
 import { Lock, LockBackend, LockError } from "@lockstep/core"
 import { ZooKeeperBackend } from "@lockstep/zookeeper"
+import * as Conformance from "@lockstep/testkit/Conformance"
 import { deadPort } from "../../redis/test/fixtures/realRedis.js"
 import { serverForFile } from "./fixtures/server.js"
 
@@ -153,8 +154,11 @@ describe.runIf(server !== undefined)("ZooKeeper backend", () => {
       const backend = LockBackend.LockBackend.pipe((tag) => Effect.provide(tag, context))
       const service = yield* backend
       yield* Scope.close(inner, Exit.void)
-      const error = yield* Effect.flip(service.inspect("k"))
-      assert.isTrue(LockError.isBackendClosed(error))
+      // what the conformance suite checks of every backend, and here also that it names the ensemble
+      for (const { error, operation } of yield* Conformance.callEveryOperation(service, "k")) {
+        assert.isTrue(error instanceof LockError.BackendError && LockError.isBackendClosed(error), `${operation}: ${String(error)}`)
+        assert.strictEqual((error as LockError.BackendError).endpoint, `ZooKeeper ${server!.connectionString}`)
+      }
     }))
 
   it.scopedLive("a borrowed client: the backend waits for its session and leaves it open", () =>
