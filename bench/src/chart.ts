@@ -206,7 +206,7 @@ export const renderChart = (data: ChartData): string => {
       { label: "cycles/s (higher is better)", format: perSecText },
       { label: "client CPU per cycle (lower is better)", format: microsText }
     ],
-    footer: "What each scenario measures: bench/README.md. Written by `pnpm bench`; every figure is also in bench.json beside this chart.",
+    footer: "What each scenario measures: bench/README.md. Written by pnpm bench; every figure is also in bench.json beside this chart.",
     legend: libraries.map((name) => ({ name, color: colors[name] })),
     groups: data.panels.map((panel) => ({
       title: panel.title,

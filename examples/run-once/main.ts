@@ -9,7 +9,7 @@
  * command.)
  */
 import { Console, Effect, Exit } from "effect"
-import { collect, spawnChild, startTogether } from "../shared/processes.js"
+import { collectAll, spawnChild, startTogether } from "../shared/processes.js"
 import { deleteKeys, runNamespace } from "../shared/redis.js"
 import type { Outcome } from "./job.js"
 
@@ -24,22 +24,10 @@ const program = Effect.gen(function*() {
     (host) => spawnChild(new URL("job.ts", import.meta.url), { EXAMPLE_NAMESPACE: namespace, HOST: String(host) })
   )
   yield* startTogether(children)
-  const outcomes = (yield* Effect.forEach(
-    children,
-    (child) =>
-      collect(child, (message) => {
-        const outcome = message as Outcome
-        return Effect.as(
-          Console.log(
-            outcome.ran
-              ? `  host ${outcome.host}: ran the report (fence ${outcome.fence})`
-              : `  host ${outcome.host}: skipped it, held by ${outcome.heldBy}`
-          ),
-          outcome
-        )
-      }),
-    { concurrency: "unbounded" }
-  )).flat()
+  const outcomes = yield* collectAll<Outcome>(children, (outcome) =>
+    outcome.ran
+      ? `  host ${outcome.host}: ran the report (fence ${outcome.fence})`
+      : `  host ${outcome.host}: skipped it, held by ${outcome.heldBy}`)
 
   const ran = outcomes.filter((outcome) => outcome.ran).length
   if (outcomes.length !== hosts) return yield* Effect.fail(`${hosts - outcomes.length} hosts did not answer`)

@@ -7,7 +7,7 @@
 import { spawn } from "node:child_process"
 import { createInterface } from "node:readline"
 import type { Scope } from "effect"
-import { Data, Deferred, Effect, Queue } from "effect"
+import { Console, Data, Deferred, Effect, Queue } from "effect"
 
 /** The child ended before it printed the message asked for. */
 export class ChildExited extends Data.TaggedError("ChildExited")<{ readonly pid: number; readonly code: number | null }> {}
@@ -51,16 +51,28 @@ export const spawnChild = (file: URL, env: Record<string, string>): Effect.Effec
     }
   })
 
-/** Every message of `child` until it ends, each passed to `onMessage` as it comes. */
-export const collect = <A>(child: Child, onMessage: (message: unknown) => Effect.Effect<A>): Effect.Effect<Array<A>> =>
-  Effect.gen(function*() {
-    const out: Array<A> = []
-    while (true) {
-      const message = yield* Effect.either(child.next)
-      if (message._tag === "Left") return out
-      out.push(yield* onMessage(message.right))
-    }
-  })
+/**
+ * Every message of every child (messages of type `A`) until all have ended, each printed as `line`
+ * words it when it comes.
+ */
+export const collectAll = <A>(children: ReadonlyArray<Child>, line: (message: A) => string): Effect.Effect<Array<A>> =>
+  Effect.map(
+    Effect.forEach(
+      children,
+      (child) =>
+        Effect.gen(function*() {
+          const out: Array<A> = []
+          while (true) {
+            const message = yield* Effect.either(child.next)
+            if (message._tag === "Left") return out
+            yield* Console.log(line(message.right as A))
+            out.push(message.right as A)
+          }
+        }),
+      { concurrency: "unbounded" }
+    ),
+    (all) => all.flat()
+  )
 
 // ---------------------------------------------------------------------------------------------
 // in a child

@@ -8,7 +8,7 @@
  * Exits 0 when no more than 2 jobs ran at once and every job ran; 1 otherwise.
  */
 import { Console, Effect, Exit } from "effect"
-import { collect, spawnChild, startTogether } from "../shared/processes.js"
+import { collectAll, spawnChild, startTogether } from "../shared/processes.js"
 import { deleteKeys, runNamespace } from "../shared/redis.js"
 import type { JobReport } from "./worker.js"
 
@@ -36,21 +36,12 @@ const program = Effect.gen(function*() {
   yield* startTogether(children)
   yield* Console.log(`all started (${Date.now() - started} ms); each line is a job as it ends:`)
   const go = Date.now()
-  const reports = (yield* Effect.forEach(
+  const reports = yield* collectAll<JobReport>(
     children,
-    (child) =>
-      collect(child, (message) => {
-        const report = message as JobReport
-        return Effect.as(
-          Console.log(
-            `  worker ${report.worker} job ${report.job}: ${report.inside} of ${limit} inside (the counter), ` +
-              `${report.available} permit(s) free (the backend)`
-          ),
-          report
-        )
-      }),
-    { concurrency: "unbounded" }
-  )).flat()
+    (report) =>
+      `  worker ${report.worker} job ${report.job}: ${report.inside} of ${limit} inside (the counter), ` +
+      `${report.available} permit(s) free (the backend)`
+  )
 
   const most = Math.max(...reports.map((r) => r.inside))
   yield* Console.log(`\n${reports.length} jobs ran in ${Date.now() - go} ms, at most ${most} at once`)
