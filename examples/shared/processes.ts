@@ -1,7 +1,8 @@
 /**
  * Child processes for the examples that run several processes: each runs a TypeScript file of the
  * example the way this process runs (under tsx), prints JSON messages on stdout, one a line, and
- * is killed if it still runs when the scope closes. `ready` and `awaitGo` line the children up, so
+ * is killed if it still runs when the scope closes. `readyThenAwaitGo` (in a child) and
+ * `startTogether` (in the parent) line the children up, so
  * that they start their work at the same moment however long each took to start.
  */
 import { spawn } from "node:child_process"
