@@ -24,12 +24,15 @@ import * as s9 from "./s9-sql.js"
 import * as s10 from "./s10-failover.js"
 import * as s11 from "./s11-zookeeper.js"
 import * as s12 from "./s12-burst.js"
+import { renderFromFile, writeChart } from "./chart.js"
 import type { Env } from "./shared.js"
 import { connect, flushAll, fmt, gcAvailable, info, logLines, now, quietLogger, resetLogLines } from "./shared.js"
 
 const args = process.argv.slice(2)
 const smoke = args.includes("--smoke") || process.env["BENCH_SMOKE"] === "1"
 const only = args.find((a) => a.startsWith("--only="))?.slice("--only=".length).split(",")
+const option = (name: string) => args.find((a) => a.startsWith(`--${name}=`))?.slice(name.length + 3)
+const chartFrom = option("chart-from")
 
 const scenarios: ReadonlyArray<{ readonly id: string; readonly run: (env: Env) => Effect.Effect<unknown, unknown> }> = [
   { id: "1", run: s1.run },
@@ -90,7 +93,14 @@ const program = Effect.gen(function*() {
     mode: smoke ? "smoke" : "full",
     startedAt: startedAt.toISOString(),
     durationMs: Date.now() - startedAt.getTime(),
-    machine: { node: process.version, cpus: os.cpus().length, cpuModel: os.cpus()[0]?.model, redis: redisVersion },
+    machine: {
+      node: process.version,
+      cpus: os.cpus().length,
+      cpuModel: os.cpus()[0]?.model,
+      memoryGiB: Math.round(os.totalmem() / 2 ** 30),
+      os: `${os.type()} ${os.release()} ${os.arch()}`,
+      redis: redisVersion
+    },
     rounds: env.rounds,
     timingsMs: timings,
     logLinesByLevel: logged,
@@ -99,26 +109,36 @@ const program = Effect.gen(function*() {
   mkdirSync(new URL(".", resultsFile), { recursive: true })
   writeFileSync(resultsFile, JSON.stringify(summary, null, 2) + "\n")
   yield* Console.log(`\nwrote ${resultsFile.pathname} (${fmt(summary.durationMs / 1000, 1)} s in all)`)
+  const charts = writeChart(summary, new URL(".", resultsFile))
+  yield* Console.log(`wrote ${charts.join(" and ")}`)
 }).pipe(Effect.scoped, Effect.provide(quietLogger))
 
-// Ctrl-C / SIGTERM interrupt the run, so that every finalizer (connections, workers, the server) runs.
-const fiber = Effect.runFork(program)
-for (const signal of ["SIGINT", "SIGTERM"] as const) {
-  process.once(signal, () => {
-    Effect.runFork(Fiber.interrupt(fiber))
-  })
+/** The whole run; Ctrl-C / SIGTERM interrupt it, so that every finalizer (connections, workers, the server) runs. */
+const runAll = () => {
+  const fiber = Effect.runFork(program)
+  for (const signal of ["SIGINT", "SIGTERM"] as const) {
+    process.once(signal, () => {
+      Effect.runFork(Fiber.interrupt(fiber))
+    })
+  }
+  return Effect.runPromise(Fiber.await(fiber))
 }
-Effect.runPromise(Fiber.await(fiber)).then(
-  (exit) => {
-    if (Exit.isFailure(exit)) {
-      console.error(Cause.isInterruptedOnly(exit.cause) ? "bench interrupted" : `bench failed:\n${Cause.pretty(exit.cause)}`)
+
+if (chartFrom !== undefined) {
+  console.log(`wrote ${renderFromFile(chartFrom, option("chart-out"))}`)
+} else {
+  runAll().then(
+    (exit) => {
+      if (Exit.isFailure(exit)) {
+        console.error(Cause.isInterruptedOnly(exit.cause) ? "bench interrupted" : `bench failed:\n${Cause.pretty(exit.cause)}`)
+        process.exit(1)
+      }
+      // peers may leave timers or sockets behind: do not wait for them
+      process.exit(0)
+    },
+    (error: unknown) => {
+      console.error("bench failed:", error)
       process.exit(1)
     }
-    // peers may leave timers or sockets behind: do not wait for them
-    process.exit(0)
-  },
-  (error: unknown) => {
-    console.error("bench failed:", error)
-    process.exit(1)
-  }
-)
+  )
+}
