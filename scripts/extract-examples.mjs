@@ -1,5 +1,6 @@
 // Writes the examples `pnpm typecheck` compiles: every ```ts block of README.md to
-// readme-examples/example-N.ts, and every ```ts block of an `@example` tag in the JSDoc of a public
+// readme-examples/example-N.ts, every ```ts block of a guide (docs/<page>.md, docs/<dir>/<page>.md)
+// to readme-examples/docs-<page>-N.ts (<dir>-<page> below docs/), and every ```ts block of an `@example` tag in the JSDoc of a public
 // module (packages/*/src/*.ts) to jsdoc-examples/<package>/<Module>-<line>.ts, <line> being where
 // the block starts in the module.
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
@@ -13,11 +14,42 @@ const fresh = (path) => {
   return dir
 }
 
+/** The ```ts blocks of a Markdown text. */
+const markdownExamples = (text) => [...text.matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => m[1])
+
 const readme = readFileSync(new URL("README.md", root), "utf8")
-const blocks = [...readme.matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => m[1])
+const blocks = markdownExamples(readme)
 const readmeDir = fresh("readme-examples/")
 blocks.forEach((code, i) => writeFileSync(new URL(`example-${i + 1}.ts`, readmeDir), code))
 console.log(`README: ${blocks.length} examples extracted for typechecking`)
+
+/** The Markdown files below `dir` (a URL ending in /), as paths relative to it, in order. */
+const markdownFiles = (dir, prefix = "") => {
+  let entries
+  try {
+    entries = readdirSync(dir, { withFileTypes: true })
+  } catch {
+    return []
+  }
+  return entries
+    .sort((a, b) => a.name.localeCompare(b.name))
+    .flatMap((entry) =>
+      entry.isDirectory()
+        ? markdownFiles(new URL(`${entry.name}/`, dir), `${prefix}${entry.name}/`)
+        : entry.name.endsWith(".md") ? [`${prefix}${entry.name}`] : []
+    )
+}
+
+let guideCount = 0
+const docs = new URL("docs/", root)
+for (const page of markdownFiles(docs)) {
+  const name = page.replace(/\.md$/, "").replaceAll("/", "-")
+  markdownExamples(readFileSync(new URL(page, docs), "utf8")).forEach((code, i) => {
+    writeFileSync(new URL(`docs-${name}-${i + 1}.ts`, readmeDir), `// docs/${page}, example ${i + 1}\n${code}`)
+    guideCount++
+  })
+}
+console.log(`docs: ${guideCount} examples of the guides extracted for typechecking`)
 
 /** The ```ts blocks of the `@example` tags of `source`: each with the line it starts on (1-based). */
 const jsdocExamples = (source) => {
