@@ -1,6 +1,7 @@
 // Writes the examples `pnpm typecheck` compiles: every ```ts block of README.md to
 // readme-examples/example-N.ts, every ```ts block of a guide (docs/<page>.md, docs/<dir>/<page>.md)
-// to readme-examples/docs-<page>-N.ts (<dir>-<page> below docs/), and every ```ts block of an `@example` tag in the JSDoc of a public
+// to readme-examples/docs-<page>-N.ts (<dir>-<page> below docs/), every ```ts block of a package's
+// README (packages/<package>/README.md) to jsdoc-examples/<package>/README-N.ts, and every ```ts block of an `@example` tag in the JSDoc of a public
 // module (packages/*/src/*.ts) to jsdoc-examples/<package>/<Module>-<line>.ts, <line> being where
 // the block starts in the module.
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
@@ -83,6 +84,7 @@ const jsdocExamples = (source) => {
 
 const jsdocDir = fresh("jsdoc-examples/")
 let count = 0
+let packageReadmeCount = 0
 const packages = new URL("packages/", root)
 for (const pkg of readdirSync(packages).sort()) {
   const src = new URL(`${pkg}/src/`, packages)
@@ -92,6 +94,18 @@ for (const pkg of readdirSync(packages).sort()) {
   } catch {
     continue
   }
+  let readmeText
+  try {
+    readmeText = readFileSync(new URL(`${pkg}/README.md`, packages), "utf8")
+  } catch {
+    readmeText = ""
+  }
+  const readmeExamples = markdownExamples(readmeText)
+  if (readmeExamples.length > 0) mkdirSync(new URL(`${pkg}/`, jsdocDir), { recursive: true })
+  readmeExamples.forEach((code, i) => {
+    writeFileSync(new URL(`${pkg}/README-${i + 1}.ts`, jsdocDir), `// packages/${pkg}/README.md, example ${i + 1}\n${code}`)
+    packageReadmeCount++
+  })
   for (const module of modules) {
     const examples = jsdocExamples(readFileSync(new URL(module, src), "utf8"))
     if (examples.length === 0) continue
@@ -105,3 +119,4 @@ for (const pkg of readdirSync(packages).sort()) {
   }
 }
 console.log(`JSDoc: ${count} @example blocks of the public modules extracted for typechecking`)
+console.log(`packages: ${packageReadmeCount} examples of the packages' READMEs extracted for typechecking`)
