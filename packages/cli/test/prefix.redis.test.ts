@@ -10,11 +10,11 @@ import { fileURLToPath } from "node:url"
 import { describe, expect, it } from "vitest"
 import { buildBin, lockstep, redisRuns, redisServer, start, tempDir, waitForFile } from "./lockstep.js"
 
-/** The README's rule (Security, "Redis: least-privilege ACL"), as `redis-server --user` takes it. */
+/** The documented rule (docs/security.md, "Redis: least-privilege ACL"), as `redis-server --user` takes it. */
 const readmeRule = (): ReadonlyArray<string> => {
-  const readme = readFileSync(fileURLToPath(new URL("../../../README.md", import.meta.url)), "utf8")
-  const line = /^ACL SETUSER (lockstep .*)$/m.exec(readme)?.[1]
-  if (line === undefined) throw new Error("README.md has no `ACL SETUSER lockstep ...` line")
+  const guide = readFileSync(fileURLToPath(new URL("../../../docs/security.md", import.meta.url)), "utf8")
+  const line = /^ACL SETUSER (lockstep .*)$/m.exec(guide)?.[1]
+  if (line === undefined) throw new Error("docs/security.md has no `ACL SETUSER lockstep ...` line")
   return line.trim().split(/\s+/)
 }
 

@@ -10,13 +10,13 @@ import * as Conformance from "@lockstep/testkit/Conformance"
 import { permissionError } from "../src/internal/redisBackend.js"
 import * as scripts from "../src/internal/scripts/lock.js"
 
-// The README's least-privilege ACL rules, as documented: every test here creates its user with
-// exactly that text, so the documentation and what is tested cannot part ways.
-const readme = readFileSync(new URL("../../../README.md", import.meta.url), "utf8")
-const section = readme.slice(readme.indexOf("#### Redis: least-privilege ACL"), readme.indexOf("#### What lockstep stores"))
+// The least-privilege ACL rules of the security guide (docs/security.md), as documented: every test
+// here creates its user with exactly that text, so the documentation and what is tested cannot part ways.
+const guide = readFileSync(new URL("../../../docs/security.md", import.meta.url), "utf8")
+const section = guide.slice(guide.indexOf("\n## Redis: least-privilege ACL"), guide.indexOf("\n## What lockstep stores"))
 const ruleOf = (user: string): ReadonlyArray<string> => {
   const line = section.split("\n").find((l) => l.startsWith(`ACL SETUSER ${user} `))
-  if (line === undefined) throw new Error(`the README documents no ACL rule for user ${user}`)
+  if (line === undefined) throw new Error(`docs/security.md documents no ACL rule for user ${user}`)
   return line.trim().split(/\s+/).slice(3)
 }
 const namespaced = ruleOf("lockstep")
