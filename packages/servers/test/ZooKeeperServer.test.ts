@@ -4,7 +4,7 @@ import { existsSync, readFileSync } from "node:fs"
 import * as net from "node:net"
 import * as path from "node:path"
 import { Effect, Either, Option, Schedule } from "effect"
-import * as ZooKeeperServer from "@lockstep/testkit/ZooKeeperServer"
+import * as ZooKeeperServer from "@lockstep/servers/ZooKeeperServer"
 import { childProcesses, pidOf, portFree, processExists } from "./fixtures/processes.js"
 
 const required = process.env["LOCKSTEP_REQUIRE_ZOOKEEPER"] === "1"
