@@ -128,6 +128,13 @@ export const linkAt = (data: DataNodes, index: number): Effect.Effect<Link, Redi
     : Effect.succeed(link)
 }
 
+/** `body` on replica `index`'s link, one at a time per link. */
+const onLink = <A>(
+  data: DataNodes,
+  index: number,
+  body: (link: Link) => Effect.Effect<A, RedisServerError>
+): Effect.Effect<A, RedisServerError> => Effect.flatMap(linkAt(data, index), (link) => link.serialized(body(link)))
+
 export const requireRunning = (node: Node, what: string): Effect.Effect<void, RedisServerError> =>
   Effect.flatMap(node.isRunning, (running) =>
     running
@@ -205,8 +212,8 @@ export const cutReplication = (
   index: number,
   timeout?: Duration.DurationInput
 ): Effect.Effect<void, RedisServerError> =>
-  Effect.flatMap(linkAt(topology, index), (link) =>
-    link.serialized(Effect.gen(function*() {
+  onLink(topology, index, (link) =>
+    Effect.gen(function*() {
       if (link.cell.cut) return
       const limit = decode(timeout, DEFAULT_WAIT_TIMEOUT)
       const node = link.node
@@ -224,7 +231,6 @@ export const cutReplication = (
         logged([{ name: node.name, server: node }])
       )
     }))
-  )
 
 /** `RedisSentinel.restoreReplication`. */
 export const restoreReplication = (
@@ -232,8 +238,8 @@ export const restoreReplication = (
   index: number,
   timeout?: Duration.DurationInput
 ): Effect.Effect<void, RedisServerError> =>
-  Effect.flatMap(linkAt(topology, index), (link) =>
-    link.serialized(Effect.gen(function*() {
+  onLink(topology, index, (link) =>
+    Effect.gen(function*() {
       if (!link.cell.cut) return
       link.cell.cut = false
       const node = link.node
@@ -254,4 +260,3 @@ export const restoreReplication = (
         logged([{ name: node.name, server: node }])
       )
     }))
-  )
