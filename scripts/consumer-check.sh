@@ -29,7 +29,7 @@ if [ "${LOCKSTEP_KEEP_CONSUMER:-}" = 1 ]; then echo "working in $WORK"; else tra
 
 $PNPM build
 mkdir -p "$WORK/tarballs"
-for package in core memory redis sql zookeeper testkit cli; do
+for package in core memory redis sql zookeeper servers testkit cli; do
   (cd "packages/$package" && $PNPM pack --pack-destination "$WORK/tarballs" >/dev/null)
 done
 TARBALLS=$(ls "$WORK"/tarballs/*.tgz)
@@ -128,7 +128,7 @@ consumer() {
     # need URL and AbortSignal, from lib dom
     (cd "$dir" && node -e '
       const entries = []
-      for (const name of ["core", "memory", "testkit"]) {
+      for (const name of ["core", "memory", "servers", "testkit"]) {
         const manifest = require(`@lockstep/${name}/package.json`)
         for (const path of Object.keys(manifest.exports)) {
           const entry = manifest.name + path.slice(1)
@@ -203,6 +203,11 @@ readme_consumer() {
   sed 's/^/  /' "$base/install.sh"
   (cd "$base/app" && npm_config_prefix="$base/global" npm_config_loglevel=error npm_config_audit=false npm_config_fund=false \
     bash -euo pipefail "$base/install.sh" >/dev/null)
+  # the programs start their redis-server with @lockstep/servers, a tool of this check's own rather
+  # than one the Install lines promise: installed beside them unless those lines name it
+  if ! grep -q lockstep-servers- "$base/install.sh"; then
+    (cd "$base/app" && npm install --loglevel=error --no-audit --no-fund --save-dev "$WORK"/tarballs/lockstep-servers-*.tgz >/dev/null)
+  fi
   (cd "$base/app" && node -e '
     const versions = ["effect", "ioredis", "ioredis-mock", "@effect/sql", "@effect/sql-pg", "vitest", "@effect/vitest"]
       .map((name) => [name, require(name + "/package.json").version])

@@ -11,7 +11,7 @@
 import { mkdirSync, writeFileSync } from "node:fs"
 import * as os from "node:os"
 import { Cause, Console, Effect, Exit, Fiber } from "effect"
-import * as RedisServer from "@lockstep/testkit/RedisServer"
+import * as RedisServer from "@lockstep/servers/RedisServer"
 import * as s1 from "./s1-uncontended.js"
 import * as s2 from "./s2-contended.js"
 import * as s3 from "./s3-processes.js"

@@ -12,7 +12,7 @@
 import type { ChildProcess } from "node:child_process"
 import { Effect } from "effect"
 import type { Redis } from "ioredis"
-import * as RedisSentinel from "@lockstep/testkit/RedisSentinel"
+import * as RedisSentinel from "@lockstep/servers/RedisSentinel"
 import type { Env, Failures, Latencies } from "./shared.js"
 import {
   commandStats,

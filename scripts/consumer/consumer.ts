@@ -5,7 +5,8 @@ import { FairLock, Lock, LockMetrics, MultiLock, ReadWriteLock, RedLock, Semapho
 import type { Lease, LockError } from "@lockstep/core"
 import { MemoryBackend } from "@lockstep/memory"
 import { RedisBackend } from "@lockstep/redis"
-import { History, RedisServer } from "@lockstep/testkit"
+import { History } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import * as Conformance from "@lockstep/testkit/Conformance"
 
 export const fenceOf = (lease: Lease.Lease): number => lease.fence

@@ -6,7 +6,7 @@ const { Lock, Semaphore } = require("@lockstep/core")
 const { MemoryBackend } = require("@lockstep/memory")
 const { RedisBackend } = require("@lockstep/redis")
 const { SqlBackend } = require("@lockstep/sql")
-const { RedisServer } = require("@lockstep/testkit")
+const { RedisServer } = require("@lockstep/servers")
 
 const format = "cjs"
 const ioredis = require("ioredis/package.json").version

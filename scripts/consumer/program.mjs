@@ -1,6 +1,6 @@
 // An ES module program, run with plain node in a project that installed the packed tarballs with
 // npm (scripts/consumer-check.sh): it takes and releases locks on the memory backend and on a real
-// redis-server that @lockstep/testkit's root starts on a free loopback port, outside any test
+// redis-server that @lockstep/servers' root starts on a free loopback port, outside any test
 // runner. It prints what it did and exits non-zero on any failure. program.cjs is the same in
 // CommonJS.
 import { Config, ConfigProvider, Effect, Redacted } from "effect"
@@ -9,7 +9,7 @@ import { Lock, Semaphore } from "@lockstep/core"
 import { MemoryBackend } from "@lockstep/memory"
 import { RedisBackend } from "@lockstep/redis"
 import { SqlBackend } from "@lockstep/sql"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { createRequire } from "node:module"
 
 const format = "esm"

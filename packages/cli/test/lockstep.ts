@@ -15,7 +15,8 @@ import { PgClient } from "@effect/sql-pg"
 import { afterAll, beforeAll, expect, it } from "vitest"
 import { Duration, Effect, Exit, Redacted, Scope } from "effect"
 import * as esbuild from "esbuild"
-import { History, RedisServer } from "@lockstep/testkit"
+import { History } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 
 const entry = fileURLToPath(new URL("../src/internal/bin.ts", import.meta.url))
 

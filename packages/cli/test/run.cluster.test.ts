@@ -6,7 +6,7 @@ import { readFileSync } from "node:fs"
 import { join } from "node:path"
 import { Effect, Exit, Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { buildBin, lockstep, redisRuns, sections, stampScript, tempDir } from "./lockstep.js"
 
 describe.runIf(await redisRuns("lockstep run on a Redis Cluster"))("lockstep run on a Redis Cluster", () => {

@@ -12,7 +12,7 @@ import { Redis } from "ioredis"
 import { CountDownLatch, Lock, LockError } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { RedisBackend } from "@lockstep/redis"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { rawClient, runnable, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis closed-backend suite (closed.test.ts)")

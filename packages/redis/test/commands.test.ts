@@ -8,7 +8,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, Fiber, Scope } from "effect"
 import { Lock, Semaphore } from "@lockstep/core"
 import type { AcquireRequest, Service } from "@lockstep/core/LockBackend"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { backendOn, call, commandStats, eventually, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis command-count suite (commands.test.ts)")

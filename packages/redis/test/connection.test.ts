@@ -15,7 +15,7 @@ import { LockBackend } from "@lockstep/core/LockBackend"
 import type { AcquireRequest, Service } from "@lockstep/core/LockBackend"
 import { BackendError } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { backendOn, call, deadPort, eventually, fastTuning, nowMs, rawClient, retryWhileReconnecting, runnable, trapRejections, typedFailure, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis connection suite (connection.test.ts)")

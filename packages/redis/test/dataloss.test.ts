@@ -6,7 +6,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber, Option } from "effect"
 import { Lock } from "@lockstep/core"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { backendOn, call, instrumentCalls, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis data-loss suite (dataloss.test.ts)")

@@ -14,7 +14,7 @@ import { LockBackend } from "@lockstep/core/LockBackend"
 import type { Service } from "@lockstep/core/LockBackend"
 import type { BackendError } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import {
   call,
   eventually,

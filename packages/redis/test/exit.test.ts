@@ -7,7 +7,7 @@ import { fileURLToPath } from "node:url"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { FairLock, Lock } from "@lockstep/core"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { runChild } from "../../core/test/fixtures/exitScenarios.js"
 import { backendOn, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 

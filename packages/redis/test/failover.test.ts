@@ -24,7 +24,7 @@ import { LockBackend } from "@lockstep/core/LockBackend"
 import type { Service } from "@lockstep/core/LockBackend"
 import type { BackendError } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
-import { RedisSentinel } from "@lockstep/testkit"
+import { RedisSentinel } from "@lockstep/servers"
 import { backendOn, call, eventually, nowMs, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis failover scenarios (failover.test.ts)")

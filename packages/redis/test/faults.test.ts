@@ -12,7 +12,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Deferred, Duration, Effect, Exit, Fiber, Option, Scope } from "effect"
 import { Lock } from "@lockstep/core"
 import type { Lease } from "@lockstep/core/Lease"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import {
   backendOn,
   call,

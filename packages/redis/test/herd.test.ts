@@ -8,7 +8,7 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { callsPerGrantBudget, contend, kinds } from "../../memory/test/fixtures/herd.js"
 import { backendOn, runnable, warnIfNotRun } from "./fixtures/realRedis.js"
 

@@ -8,7 +8,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Fiber, Option } from "effect"
 import type { Duration } from "effect"
 import { CountDownLatch } from "@lockstep/core"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { backendOn, call, commandStats, eventually, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis CountDownLatch suite (latch.test.ts)")

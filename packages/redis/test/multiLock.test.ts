@@ -8,7 +8,7 @@ import { Context, Deferred, Duration, Effect, Exit, Fiber, Layer, Option } from 
 import { Lock, MultiLock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { MemoryBackend } from "@lockstep/memory"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { backendOn, counted, eventually, runnable, typedFailure, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("MultiLock across backends (multiLock.test.ts)")

@@ -4,7 +4,7 @@
  */
 import { describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { contendAcrossProcesses } from "../../testkit/test/fixtures/contention.js"
 import { runnable, warnIfNotRun } from "./fixtures/realRedis.js"
 

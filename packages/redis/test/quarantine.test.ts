@@ -8,7 +8,7 @@ import { assert, describe, it } from "@effect/vitest"
 import type { Duration } from "effect"
 import { Effect, Option } from "effect"
 import { Lock } from "@lockstep/core"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { backendOn, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis failover quarantine")

@@ -9,7 +9,7 @@ import { Effect, Either, Exit, Fiber, Layer, Option, Scope } from "effect"
 import { CountDownLatch, FairLock, Lock, ReadWriteLock, RedLock, Semaphore } from "@lockstep/core"
 import { QuorumNotReached } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import * as Conformance from "@lockstep/testkit/Conformance"
 import { backendOn, call, counted, eventually, nowMs, rawClient, runnable, typedFailure, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 

@@ -4,7 +4,7 @@ import { Redis } from "ioredis"
 import { Lock } from "@lockstep/core"
 import type { LockBackend } from "@lockstep/core"
 import { RedisBackend } from "@lockstep/redis"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 
 const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"
 const available = await Effect.runPromise(RedisServer.available)

@@ -10,7 +10,8 @@ import { Cause, Deferred, Effect, Exit, Fiber, Scope } from "effect"
 import { Lock } from "@lockstep/core"
 import type { Lease } from "@lockstep/core/Lease"
 import type { Service } from "@lockstep/core/LockBackend"
-import { History, RedisServer } from "@lockstep/testkit"
+import { History } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { backendOn, call, eventually, instrumentCalls, nowMs, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis scale suite (scale.test.ts)")

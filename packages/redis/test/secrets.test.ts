@@ -17,7 +17,7 @@ import { Redis } from "ioredis"
 import { Lock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { RedisBackend } from "@lockstep/redis"
-import { RedisServer } from "@lockstep/testkit"
+import { RedisServer } from "@lockstep/servers"
 import { hideCredentials } from "../src/internal/descriptions.js"
 import { deadPort, runnable, trapRejections, warnIfNotRun } from "./fixtures/realRedis.js"
 

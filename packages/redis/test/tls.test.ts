@@ -15,7 +15,7 @@ import { LockBackend } from "@lockstep/core/LockBackend"
 import type { Service } from "@lockstep/core/LockBackend"
 import { BackendError } from "@lockstep/core/LockError"
 import { RedisBackend } from "@lockstep/redis"
-import { RedisSentinel, RedisServer } from "@lockstep/testkit"
+import { RedisSentinel, RedisServer } from "@lockstep/servers"
 import { eventually, nowMs, runnable, trapRejections, typedFailure, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis TLS suite (tls.test.ts)")

@@ -32,31 +32,3 @@ export * as Model from "./Model.js"
  * @since 0.1.0
  */
 export * as ModelCheck from "./ModelCheck.js"
-
-/**
- * A Redis primary, replicas behind cuttable proxies, and sentinels, for failover tests.
- *
- * @since 0.1.0
- */
-export * as RedisSentinel from "./RedisSentinel.js"
-
-/**
- * Real `redis-server` processes (single servers and 3-master clusters) for tests.
- *
- * @since 0.1.0
- */
-export * as RedisServer from "./RedisServer.js"
-
-/**
- * A loopback TCP proxy that resets connections or loses a chosen reply, for network fault tests.
- *
- * @since 0.1.0
- */
-export * as TcpProxy from "./TcpProxy.js"
-
-/**
- * Real ZooKeeper servers (standalone and ensembles) for tests.
- *
- * @since 0.1.0
- */
-export * as ZooKeeperServer from "./ZooKeeperServer.js"

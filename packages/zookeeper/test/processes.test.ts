@@ -5,7 +5,7 @@
  */
 import { describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { ZooKeeperServer } from "@lockstep/testkit"
+import { ZooKeeperServer } from "@lockstep/servers"
 import { contendAcrossProcesses } from "../../testkit/test/fixtures/contention.js"
 
 const required = process.env["LOCKSTEP_REQUIRE_ZOOKEEPER"] === "1"

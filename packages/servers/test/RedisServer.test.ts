@@ -3,7 +3,7 @@ import { execFile } from "node:child_process"
 import { existsSync } from "node:fs"
 import * as net from "node:net"
 import { Effect, Either, Option } from "effect"
-import * as RedisServer from "@lockstep/testkit/RedisServer"
+import * as RedisServer from "@lockstep/servers/RedisServer"
 import { childProcesses, pidOf, portFree, processExists } from "./fixtures/processes.js"
 
 const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"

@@ -302,7 +302,7 @@ export const ping = (
 // ---------------------------------------------------------------------------------------------
 
 const { awaitReady, makeSlot, tempDir } = ServerProcess.make<RedisServerError>({
-  leftoversKey: "@lockstep/testkit/RedisServer/leftovers",
+  leftoversKey: "@lockstep/servers/RedisServer/leftovers",
   logTailChars: LOG_TAIL_CHARS,
   name: "redis-server",
   notFoundHint: " (not found: install redis-server or set REDIS_SERVER_BIN)",

@@ -9,7 +9,7 @@ import * as net from "node:net"
 import * as tls from "node:tls"
 import { X509Certificate } from "node:crypto"
 import { Effect, Exit, Scope } from "effect"
-import * as RedisServer from "@lockstep/testkit/RedisServer"
+import * as RedisServer from "@lockstep/servers/RedisServer"
 
 const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"
 const available = await Effect.runPromise(RedisServer.available)

@@ -4,7 +4,7 @@ import { existsSync, readFileSync } from "node:fs"
 import * as net from "node:net"
 import * as path from "node:path"
 import { Effect, Either, Option, Schedule } from "effect"
-import * as ZooKeeperServer from "@lockstep/testkit/ZooKeeperServer"
+import * as ZooKeeperServer from "@lockstep/servers/ZooKeeperServer"
 import { childProcesses, pidOf, portFree, processExists } from "./fixtures/processes.js"
 
 const required = process.env["LOCKSTEP_REQUIRE_ZOOKEEPER"] === "1"
@@ -17,8 +17,8 @@ const title = available
   : "ZooKeeperServer (ZooKeeper not found: not run)"
 if (!runnable) {
   console.warn(
-    "ZooKeeperServer suite NOT RUN: java or /usr/share/java/zookeeper.jar not found " +
-      "(install Debian's zookeeper package, or set LOCKSTEP_REQUIRE_ZOOKEEPER=1 to fail instead)"
+    "ZooKeeperServer suite NOT RUN: java or ZooKeeper not found " +
+      "(install Debian's zookeeper package or set ZOOKEEPER_HOME, or set LOCKSTEP_REQUIRE_ZOOKEEPER=1 to fail instead)"
   )
 }
 
@@ -67,6 +67,13 @@ const srvrMode = (port: number): Effect.Effect<string> =>
 const confValue = (port: number, key: string): Effect.Effect<string | undefined> =>
   Effect.map(fourLetterWord(port, "conf"), (probe) => new RegExp(`^${key}=(.*)$`, "m").exec(probe)?.[1])
 
+// ZooKeeper's own client runs from the installation the servers run from
+const installation = await Effect.runPromise(Effect.either(ZooKeeperServer.installation()))
+const zkJava = Either.isRight(installation) ? installation.right.java : "java"
+const zkClasspath = Either.isRight(installation)
+  ? installation.right.classpath.join(path.delimiter)
+  : "/usr/share/java/zookeeper.jar"
+
 /**
  * ZooKeeper's own command-line client (`ZooKeeperMain`, one command): its stdout, or a failure
  * (exit code 1: e.g. the node does not exist).
@@ -76,13 +83,13 @@ const zkCli = (connectionString: string, ...command: ReadonlyArray<string>): Eff
     const argv = [
       "-XX:TieredStopAtLevel=1",
       "-cp",
-      "/usr/share/java/zookeeper.jar",
+      zkClasspath,
       "org.apache.zookeeper.ZooKeeperMain",
       "-server",
       connectionString,
       ...command
     ]
-    const child = execFile("java", argv, { timeout: 20_000, killSignal: "SIGKILL" }, (error, stdout, stderr) =>
+    const child = execFile(zkJava, argv, { timeout: 20_000, killSignal: "SIGKILL" }, (error, stdout, stderr) =>
       resume(error === null ? Effect.succeed(stdout) : Effect.fail(`zkCli ${command.join(" ")}: ${stdout} ${stderr}`)))
     return Effect.sync(() => {
       child.kill("SIGKILL")
@@ -105,7 +112,8 @@ describe.skipIf(!runnable)(title, () => {
   it("java and the ZooKeeper jar are present", () => {
     assert.isTrue(
       available,
-      "java or /usr/share/java/zookeeper.jar not found and LOCKSTEP_REQUIRE_ZOOKEEPER=1 requires them"
+      "java or ZooKeeper not found and LOCKSTEP_REQUIRE_ZOOKEEPER=1 requires them: " +
+        (Either.isLeft(installation) ? installation.left.message : "java -version failed")
     )
   })
 

@@ -5,16 +5,17 @@
  * @internal
  */
 import { execFile } from "node:child_process"
-import { existsSync } from "node:fs"
 import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as path from "node:path"
 import type { Scope } from "effect"
-import { Data, Duration, Effect, Option, Schedule } from "effect"
+import { Data, Duration, Effect, Either, Option, Schedule } from "effect"
 import type {
   Ensemble,
   EnsembleMember,
   EnsembleOptions,
+  Installation,
+  InstallationOptions,
   Mode,
   Options,
   ZooKeeperServer
@@ -22,6 +23,7 @@ import type {
 import type { Proc } from "./serverProcess.js"
 import * as ServerProcess from "./serverProcess.js"
 import { close, describeExit, HOST, listen } from "./serverProcess.js"
+import * as ZooKeeperInstallation from "./zooKeeperInstallation.js"
 
 /** Every failure of the launcher. */
 export class ZooKeeperServerError extends Data.TaggedError("ZooKeeperServerError")<{
@@ -29,12 +31,6 @@ export class ZooKeeperServerError extends Data.TaggedError("ZooKeeperServerError
   readonly cause?: unknown
 }> {}
 
-
-/** Debian's `zookeeper` package: the server jar (its manifest names the rest of the classpath). */
-export const ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
-const CONF_DIR = "/etc/zookeeper/conf"
-/** An SLF4J binding that logs to stderr; without one the server logs nothing. */
-const SLF4J_SIMPLE_JAR = "/usr/share/java/slf4j-simple.jar"
 const MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 
 const LOG_TAIL_CHARS = 8_000
@@ -51,21 +47,34 @@ const PORT_ATTEMPTS = 3
 const RESERVED_PORTS: ReadonlySet<number> = new Set([2181, 2888, 3888, 8080])
 
 // ---------------------------------------------------------------------------------------------
-// availability
+// installation and availability
 // ---------------------------------------------------------------------------------------------
 
-/** Whether `java -version` runs and exits 0 and the ZooKeeper jar exists. */
-export const available: Effect.Effect<boolean> = Effect.suspend(() =>
-  existsSync(ZOOKEEPER_JAR)
-    ? Effect.async<boolean>((resume) => {
-      const child = execFile("java", ["-version"], { timeout: 10_000, killSignal: "SIGKILL" }, (error) =>
-        resume(Effect.succeed(error === null)))
-      child.stdin?.end()
-      return Effect.sync(() => {
-        child.kill("SIGKILL")
-      })
+/** `ZooKeeperServer.installation`: the options' choice, else the environment's, else Debian's. */
+export const installation = (
+  options: InstallationOptions = {}
+): Effect.Effect<Installation, ZooKeeperServerError> =>
+  Effect.suspend(() =>
+    Either.match(ZooKeeperInstallation.find(options, ZooKeeperInstallation.processHost), {
+      onLeft: (message) => Effect.fail(new ZooKeeperServerError({ message })),
+      onRight: (found) => Effect.succeed(found)
     })
-    : Effect.succeed(false)
+  )
+
+/** Whether `java -version` runs and exits 0. */
+const javaRuns = (java: string): Effect.Effect<boolean> =>
+  Effect.async<boolean>((resume) => {
+    const child = execFile(java, ["-version"], { timeout: 10_000, killSignal: "SIGKILL" }, (error) =>
+      resume(Effect.succeed(error === null)))
+    child.stdin?.end()
+    return Effect.sync(() => {
+      child.kill("SIGKILL")
+    })
+  })
+
+/** Whether an installation is found (without options) and its `java -version` runs and exits 0. */
+export const available: Effect.Effect<boolean> = installation().pipe(
+  Effect.matchEffect({ onFailure: () => Effect.succeed(false), onSuccess: (found) => javaRuns(found.java) })
 )
 
 // ---------------------------------------------------------------------------------------------
@@ -174,15 +183,15 @@ const serving = (port: number, modes: ReadonlySet<Mode>): Effect.Effect<Mode, Zo
 // ---------------------------------------------------------------------------------------------
 
 const { awaitReady, makeSlot, tempDir } = ServerProcess.make<ZooKeeperServerError>({
-  leftoversKey: "@lockstep/testkit/ZooKeeperServer/leftovers",
+  leftoversKey: "@lockstep/servers/ZooKeeperServer/leftovers",
   logTailChars: LOG_TAIL_CHARS,
   name: "ZooKeeper",
-  notFoundHint: " (not found: install a Java runtime, e.g. Debian's default-jre-headless)",
+  notFoundHint: ZooKeeperInstallation.JAVA_NOT_FOUND,
   error: (props) => new ZooKeeperServerError(props)
 })
 
-/** The `java` arguments that run the server on `configPath`, logging to stderr. */
-const javaArgs = (dir: string, configPath: string): ReadonlyArray<string> => [
+/** The `java` arguments that run the server on `configPath` from `classpath`, logging to stderr. */
+const javaArgs = (dir: string, configPath: string, classpath: ReadonlyArray<string>): ReadonlyArray<string> => [
   "-Xms16m",
   "-Xmx256m",
   "-XX:+UseSerialGC",
@@ -191,7 +200,7 @@ const javaArgs = (dir: string, configPath: string): ReadonlyArray<string> => [
   `-Dzookeeper.log.dir=${dir}`,
   "-Dorg.slf4j.simpleLogger.showDateTime=true",
   "-cp",
-  [ZOOKEEPER_JAR, CONF_DIR, ...(existsSync(SLF4J_SIMPLE_JAR) ? [SLF4J_SIMPLE_JAR] : [])].join(":"),
+  classpath.join(path.delimiter),
   MAIN_CLASS,
   configPath
 ]
@@ -333,7 +342,10 @@ interface Node {
   ) => Effect.Effect<void, ZooKeeperServerError>
 }
 
-const makeNode = (prefix: string): Effect.Effect<Node, ZooKeeperServerError, Scope.Scope> =>
+const makeNode = (
+  prefix: string,
+  found: Installation
+): Effect.Effect<Node, ZooKeeperServerError, Scope.Scope> =>
   Effect.gen(function*() {
     const dir = yield* tempDir(prefix)
     yield* Effect.tryPromise({
@@ -345,7 +357,8 @@ const makeNode = (prefix: string): Effect.Effect<Node, ZooKeeperServerError, Sco
     const slot = yield* makeSlot
 
     const start = (port: number, modes: ReadonlySet<Mode>, timeout: Duration.Duration) =>
-      slot.start(port, "java", javaArgs(dir, configPath), (proc) => waitReady(proc, port, modes, timeout))
+      slot.start(port, found.java, javaArgs(dir, configPath, found.classpath), (proc) =>
+        waitReady(proc, port, modes, timeout))
 
     const serialized = lock.withPermits(1)
     yield* Effect.addFinalizer(() => serialized(slot.close))
@@ -385,7 +398,7 @@ const QUORUM_MEMBER: ReadonlySet<Mode> = new Set(["leader", "follower"])
 export const make = (options: Options = {}): Effect.Effect<ZooKeeperServer, ZooKeeperServerError, Scope.Scope> =>
   Effect.gen(function*() {
     const settings = yield* settingsOf(options)
-    const node = yield* makeNode("lockstep-zookeeper-")
+    const node = yield* makeNode("lockstep-zookeeper-", yield* installation(options))
     /** The first start picks the port, retrying with another one if it was taken meanwhile. */
     const firstStart = (attempt: number): Effect.Effect<number, ZooKeeperServerError> =>
       Effect.gen(function*() {
@@ -444,10 +457,11 @@ export const makeEnsemble = (
     }
     const settings = yield* settingsOf(options)
     const electionTimeout = decode(options.electionTimeout, DEFAULT_ELECTION_TIMEOUT)
+    const found = yield* installation(options)
     const nodes = yield* Effect.forEach(
       Array.from({ length: size }, (_, i) => i + 1),
       (id) =>
-        Effect.flatMap(makeNode(`lockstep-zookeeper-${id}-`), (node) =>
+        Effect.flatMap(makeNode(`lockstep-zookeeper-${id}-`, found), (node) =>
           Effect.as(writeFile(path.join(node.dir, "data", "myid"), `${id}\n`), { id, node }))
     )
 

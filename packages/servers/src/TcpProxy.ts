@@ -14,7 +14,7 @@ import * as internal from "./internal/tcpProxy.js"
  *
  * @example
  * ```ts
- * import { TcpProxy } from "@lockstep/testkit"
+ * import { TcpProxy } from "@lockstep/servers"
  *
  * const error = new TcpProxy.TcpProxyError({ message: "cannot listen" })
  * ```
@@ -39,7 +39,7 @@ export type TcpProxyError = internal.TcpProxyError
  *
  * @example
  * ```ts
- * import type { TcpProxy } from "@lockstep/testkit"
+ * import type { TcpProxy } from "@lockstep/servers"
  *
  * const fault: TcpProxy.Fault = { kind: "replyLost", match: (data) => data.includes("INCR") }
  * ```
@@ -58,7 +58,7 @@ export interface Fault {
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { RedisServer, TcpProxy } from "@lockstep/testkit"
+ * import { RedisServer, TcpProxy } from "@lockstep/servers"
  *
  * const program = Effect.gen(function* () {
  *   const server = yield* RedisServer.make()
@@ -92,7 +92,7 @@ export interface TcpProxy {
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { RedisServer, TcpProxy } from "@lockstep/testkit"
+ * import { RedisServer, TcpProxy } from "@lockstep/servers"
  *
  * const proxied = Effect.flatMap(RedisServer.make(), (server) => TcpProxy.make(server))
  * ```

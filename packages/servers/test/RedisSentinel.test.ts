@@ -3,7 +3,7 @@ import { execFile } from "node:child_process"
 import { existsSync } from "node:fs"
 import { Effect, Either, Schedule } from "effect"
 import { Redis } from "ioredis"
-import { RedisSentinel, RedisServer } from "@lockstep/testkit"
+import { RedisSentinel, RedisServer } from "@lockstep/servers"
 import { childProcesses, pidOf, portFree, processExists } from "./fixtures/processes.js"
 
 const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"

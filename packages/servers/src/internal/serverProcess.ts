@@ -224,92 +224,12 @@ export interface ServerProcess<E> {
   readonly makeSlot: Effect.Effect<Slot<E>>
 }
 
-export const make = <E>(config: Config<E>): ServerProcess<E> => {
-  const spawnProcess = (bin: string, args: ReadonlyArray<string>): Effect.Effect<Proc, E> =>
-    Effect.gen(function*() {
-      const exited = yield* Deferred.make<ExitInfo>()
-      const log = { text: "" }
-      const append = (chunk: Buffer | string): void => {
-        log.text = (log.text + chunk.toString()).slice(-config.logTailChars)
-      }
-      // Spawning and wiring every listener happen in one synchronous step, so that no event
-      // (notably a spawn `error`, which would otherwise be unhandled) can slip in between.
-      const child = yield* Effect.try({
-        try: () => {
-          const child = spawn(bin, args, { stdio: ["ignore", "pipe", "pipe"] })
-          child.stdout?.on("data", append)
-          child.stderr?.on("data", append)
-          child.stdout?.on("error", () => undefined)
-          child.stderr?.on("error", () => undefined)
-          child.on("error", (error) => {
-            append(`\n[${bin}] ${error.message}\n`)
-            if (child.pid === undefined) Deferred.unsafeDone(exited, Exit.succeed({ code: null, signal: null, error }))
-          })
-          child.on("exit", (code, sig) => {
-            leftovers(config.leftoversKey).children.delete(child)
-            Deferred.unsafeDone(exited, Exit.succeed({ code, signal: sig }))
-          })
-          if (child.pid !== undefined) leftovers(config.leftoversKey).children.add(child)
-          return child
-        },
-        catch: (cause) => config.error({ message: `cannot start ${bin}: ${String(cause)}`, cause })
-      })
-      const pid = child.pid
-      if (pid === undefined) {
-        const info = yield* Deferred.await(exited)
-        const hint = (info.error as NodeJS.ErrnoException | undefined)?.code === "ENOENT" ? config.notFoundHint : ""
-        return yield* Effect.fail(config.error({
-          message: `cannot start ${bin}: ${describeExit(info)}${hint}`,
-          cause: info.error
-        }))
-      }
-      return { child, pid, exited, log }
-    })
-
-  const forceKill = (proc: Proc, port: number): Effect.Effect<void, E> =>
-    Effect.gen(function*() {
-      if (!(yield* isAlive(proc))) return
-      yield* signal(proc, "SIGKILL")
-      yield* Deferred.await(proc.exited).pipe(
-        Effect.timeoutFail({
-          duration: KILL_WAIT,
-          onTimeout: () =>
-            config.error({
-              message: `${config.name} (pid ${proc.pid}, port ${port}) did not exit within ${
-                Duration.format(KILL_WAIT)
-              } of SIGKILL`
-            })
-        })
-      )
-    })
-
-  const tempDir = (prefix: string): Effect.Effect<string, E, Scope.Scope> =>
-    Effect.acquireRelease(
-      Effect.tryPromise({
-        try: () => fs.mkdtemp(path.join(os.tmpdir(), prefix)),
-        catch: (cause) => config.error({ message: `cannot create a temp dir: ${String(cause)}`, cause })
-      }).pipe(Effect.tap((dir) => Effect.sync(() => leftovers(config.leftoversKey).dirs.add(dir)))),
-      (dir) =>
-        Effect.promise(() => fs.rm(dir, { recursive: true, force: true }).catch(() => undefined)).pipe(
-          Effect.zipRight(Effect.sync(() => leftovers(config.leftoversKey).dirs.delete(dir)))
-        )
-    )
-
-  const awaitReady: ServerProcess<E>["awaitReady"] = ({ exitedEarly, interval, probe, proc, timedOut, timeout }) =>
-    Effect.raceFirst(
-      Effect.asVoid(Effect.retry(probe, Schedule.spaced(interval))),
-      Effect.flatMap(
-        Deferred.await(proc.exited),
-        (info) => Effect.fail(config.error({ message: withLog(exitedEarly(info), proc.log.text) }))
-      )
-    ).pipe(
-      Effect.timeoutFail({
-        duration: timeout,
-        onTimeout: () => config.error({ message: withLog(timedOut(), proc.log.text) })
-      })
-    )
-
-  const makeSlot: Effect.Effect<Slot<E>> = Effect.gen(function*() {
+/** A slot whose processes `spawnProcess` starts and `forceKill` kills (a launcher's own). */
+const slotOf = <E>(
+  spawnProcess: ServerProcess<E>["spawnProcess"],
+  forceKill: ServerProcess<E>["forceKill"]
+): Effect.Effect<Slot<E>> =>
+  Effect.gen(function*() {
     const current = yield* Ref.make(Option.none<Running>())
     const closed = yield* Ref.make(false)
 
@@ -396,6 +316,93 @@ export const make = <E>(config: Config<E>): ServerProcess<E> => {
 
     return { killCurrent, start, close, controls }
   })
+
+export const make = <E>(config: Config<E>): ServerProcess<E> => {
+  const spawnProcess = (bin: string, args: ReadonlyArray<string>): Effect.Effect<Proc, E> =>
+    Effect.gen(function*() {
+      const exited = yield* Deferred.make<ExitInfo>()
+      const log = { text: "" }
+      const append = (chunk: Buffer | string): void => {
+        log.text = (log.text + chunk.toString()).slice(-config.logTailChars)
+      }
+      // Spawning and wiring every listener happen in one synchronous step, so that no event
+      // (notably a spawn `error`, which would otherwise be unhandled) can slip in between.
+      const child = yield* Effect.try({
+        try: () => {
+          const child = spawn(bin, args, { stdio: ["ignore", "pipe", "pipe"] })
+          child.stdout?.on("data", append)
+          child.stderr?.on("data", append)
+          child.stdout?.on("error", () => undefined)
+          child.stderr?.on("error", () => undefined)
+          child.on("error", (error) => {
+            append(`\n[${bin}] ${error.message}\n`)
+            if (child.pid === undefined) Deferred.unsafeDone(exited, Exit.succeed({ code: null, signal: null, error }))
+          })
+          child.on("exit", (code, sig) => {
+            leftovers(config.leftoversKey).children.delete(child)
+            Deferred.unsafeDone(exited, Exit.succeed({ code, signal: sig }))
+          })
+          if (child.pid !== undefined) leftovers(config.leftoversKey).children.add(child)
+          return child
+        },
+        catch: (cause) => config.error({ message: `cannot start ${bin}: ${String(cause)}`, cause })
+      })
+      const pid = child.pid
+      if (pid === undefined) {
+        const info = yield* Deferred.await(exited)
+        const hint = (info.error as NodeJS.ErrnoException | undefined)?.code === "ENOENT" ? config.notFoundHint : ""
+        return yield* Effect.fail(config.error({
+          message: `cannot start ${bin}: ${describeExit(info)}${hint}`,
+          cause: info.error
+        }))
+      }
+      return { child, pid, exited, log }
+    })
+
+  const forceKill = (proc: Proc, port: number): Effect.Effect<void, E> =>
+    Effect.gen(function*() {
+      if (!(yield* isAlive(proc))) return
+      yield* signal(proc, "SIGKILL")
+      yield* Deferred.await(proc.exited).pipe(
+        Effect.timeoutFail({
+          duration: KILL_WAIT,
+          onTimeout: () =>
+            config.error({
+              message: `${config.name} (pid ${proc.pid}, port ${port}) did not exit within ${
+                Duration.format(KILL_WAIT)
+              } of SIGKILL`
+            })
+        })
+      )
+    })
+
+  const tempDir = (prefix: string): Effect.Effect<string, E, Scope.Scope> =>
+    Effect.acquireRelease(
+      Effect.tryPromise({
+        try: () => fs.mkdtemp(path.join(os.tmpdir(), prefix)),
+        catch: (cause) => config.error({ message: `cannot create a temp dir: ${String(cause)}`, cause })
+      }).pipe(Effect.tap((dir) => Effect.sync(() => leftovers(config.leftoversKey).dirs.add(dir)))),
+      (dir) =>
+        Effect.promise(() => fs.rm(dir, { recursive: true, force: true }).catch(() => undefined)).pipe(
+          Effect.zipRight(Effect.sync(() => leftovers(config.leftoversKey).dirs.delete(dir)))
+        )
+    )
+
+  const awaitReady: ServerProcess<E>["awaitReady"] = ({ exitedEarly, interval, probe, proc, timedOut, timeout }) =>
+    Effect.raceFirst(
+      Effect.asVoid(Effect.retry(probe, Schedule.spaced(interval))),
+      Effect.flatMap(
+        Deferred.await(proc.exited),
+        (info) => Effect.fail(config.error({ message: withLog(exitedEarly(info), proc.log.text) }))
+      )
+    ).pipe(
+      Effect.timeoutFail({
+        duration: timeout,
+        onTimeout: () => config.error({ message: withLog(timedOut(), proc.log.text) })
+      })
+    )
+
+  const makeSlot: Effect.Effect<Slot<E>> = slotOf(spawnProcess, forceKill)
 
   return { spawnProcess, forceKill, tempDir, awaitReady, makeSlot }
 }

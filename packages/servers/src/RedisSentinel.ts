@@ -34,7 +34,7 @@ import type { TcpProxy } from "./TcpProxy.js"
  *
  * @example
  * ```ts
- * import type { RedisSentinel } from "@lockstep/testkit"
+ * import type { RedisSentinel } from "@lockstep/servers"
  *
  * const writable = (role: RedisSentinel.Role) => role === "master"
  * ```
@@ -51,7 +51,7 @@ export type Role = "master" | "replica"
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import type { RedisSentinel } from "@lockstep/testkit"
+ * import type { RedisSentinel } from "@lockstep/servers"
  *
  * const describe = (node: RedisSentinel.Node) =>
  *   Effect.map(node.role, (role) => `${node.name} at ${node.url} is a ${role}`)
@@ -72,7 +72,7 @@ export interface Node extends RedisServer {
  *
  * @example
  * ```ts
- * import type { RedisSentinel } from "@lockstep/testkit"
+ * import type { RedisSentinel } from "@lockstep/servers"
  *
  * const notTheOldOne = (old: RedisSentinel.Node): RedisSentinel.AwaitMasterOptions => ({
  *   filter: (node) => node !== old,
@@ -103,7 +103,7 @@ export interface AwaitMasterOptions {
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { RedisSentinel } from "@lockstep/testkit"
+ * import { RedisSentinel } from "@lockstep/servers"
  *
  * const unplanned = (topology: RedisSentinel.RedisSentinel) =>
  *   Effect.gen(function*() {
@@ -203,7 +203,7 @@ export interface RedisSentinel {
  *
  * @example
  * ```ts
- * import type { RedisSentinel } from "@lockstep/testkit"
+ * import type { RedisSentinel } from "@lockstep/servers"
  *
  * const options: RedisSentinel.Options = { replicas: 2, sentinels: 3, downAfter: "1 second" }
  * ```
@@ -269,7 +269,7 @@ export interface Options {
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { RedisSentinel } from "@lockstep/testkit"
+ * import { RedisSentinel } from "@lockstep/servers"
  *
  * const program = Effect.scoped(
  *   Effect.gen(function*() {

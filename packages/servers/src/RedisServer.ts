@@ -22,7 +22,7 @@ import * as internal from "./internal/redisServer.js"
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { RedisServer } from "@lockstep/testkit"
+ * import { RedisServer } from "@lockstep/servers"
  *
  * const program = Effect.scoped(RedisServer.make()).pipe(
  *   Effect.catchTag("RedisServerError", (e) => Effect.logError(e.message))
@@ -45,7 +45,7 @@ export type RedisServerError = internal.RedisServerError
  *
  * @example
  * ```ts
- * import type { RedisServer } from "@lockstep/testkit"
+ * import type { RedisServer } from "@lockstep/servers"
  *
  * const node: RedisServer.Address = { host: "127.0.0.1", port: 7000 }
  * ```
@@ -67,7 +67,7 @@ export interface Address {
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { RedisServer } from "@lockstep/testkit"
+ * import { RedisServer } from "@lockstep/servers"
  *
  * const crashAndRecover = (server: RedisServer.RedisServer) =>
  *   Effect.zipRight(server.kill, server.restart)
@@ -113,7 +113,7 @@ export interface RedisServer extends Address {
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { RedisServer } from "@lockstep/testkit"
+ * import { RedisServer } from "@lockstep/servers"
  *
  * const failover = (cluster: RedisServer.RedisCluster) =>
  *   Effect.gen(function*() {
@@ -144,7 +144,7 @@ export interface RedisCluster {
  *
  * @example
  * ```ts
- * import type { RedisServer } from "@lockstep/testkit"
+ * import type { RedisServer } from "@lockstep/servers"
  *
  * const options: RedisServer.Options = { args: ["--maxmemory", "64mb"], startTimeout: "5 seconds" }
  * ```
@@ -184,7 +184,7 @@ export interface Options {
  *
  * @example
  * ```ts
- * import type { RedisServer } from "@lockstep/testkit"
+ * import type { RedisServer } from "@lockstep/servers"
  *
  * // a certificate for another host: clients connecting to 127.0.0.1 must refuse it
  * const wrongHost: RedisServer.TlsOptions = { altNames: ["other.example"] }
@@ -208,7 +208,7 @@ export interface TlsOptions {
  * @example
  * ```ts
  * import { Redis } from "ioredis"
- * import type { RedisServer } from "@lockstep/testkit"
+ * import type { RedisServer } from "@lockstep/servers"
  *
  * const client = (server: RedisServer.RedisServer, certificates: RedisServer.Certificates) =>
  *   new Redis(server.url, { tls: { ca: certificates.ca } })
@@ -237,7 +237,7 @@ export interface Certificates {
  *
  * @example
  * ```ts
- * import type { RedisServer } from "@lockstep/testkit"
+ * import type { RedisServer } from "@lockstep/servers"
  *
  * const options: RedisServer.ClusterOptions = { masters: 3, clusterTimeout: "15 seconds" }
  * ```
@@ -261,7 +261,7 @@ export interface ClusterOptions extends Options {
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { RedisServer } from "@lockstep/testkit"
+ * import { RedisServer } from "@lockstep/servers"
  *
  * const program = Effect.flatMap(RedisServer.available, (ok) =>
  *   ok ? Effect.log("real Redis suites will run") : Effect.log("redis-server not found: real Redis suites not run")
@@ -281,7 +281,7 @@ export const available: Effect.Effect<boolean> = internal.available
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { RedisServer } from "@lockstep/testkit"
+ * import { RedisServer } from "@lockstep/servers"
  *
  * const program = Effect.scoped(
  *   Effect.gen(function*() {
@@ -299,7 +299,7 @@ export const available: Effect.Effect<boolean> = internal.available
  * ```ts
  * import { Effect } from "effect"
  * import { Redis } from "ioredis"
- * import { RedisServer } from "@lockstep/testkit"
+ * import { RedisServer } from "@lockstep/servers"
  *
  * const program = Effect.scoped(
  *   Effect.gen(function*() {
@@ -325,7 +325,7 @@ export const make: (options?: Options) => Effect.Effect<RedisServer, RedisServer
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { RedisServer } from "@lockstep/testkit"
+ * import { RedisServer } from "@lockstep/servers"
  *
  * const program = Effect.scoped(
  *   Effect.gen(function*() {
@@ -352,7 +352,7 @@ export const makeCertificates: (
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { RedisServer } from "@lockstep/testkit"
+ * import { RedisServer } from "@lockstep/servers"
  *
  * const program = Effect.scoped(
  *   Effect.gen(function*() {

@@ -5,10 +5,13 @@
  * inject crashes and stalls; `makeEnsemble` builds a replicated ensemble (3 members by default)
  * the same way, to test leader failover.
  *
- * The server is Debian's `zookeeper` package (3.8): `java` on `PATH` runs `QuorumPeerMain` from
- * `/usr/share/java/zookeeper.jar` directly, without `zkServer.sh`. Readiness and modes are read
- * with the four-letter words `ruok` and `srvr` over plain TCP. Check `available` first so that a
- * suite can say plainly that it was not run.
+ * `java` runs `QuorumPeerMain` directly, without `zkServer.sh`, from the classpath of a ZooKeeper
+ * installation (3.5 or later), found by configuration: the `classpath` option, else
+ * `ZOOKEEPER_CLASSPATH`, else `ZOOKEEPER_HOME` (an unpacked Apache binary release: its
+ * `lib/*.jar`), else Debian's `zookeeper` package (`/usr/share/java/zookeeper.jar`); `java` is the
+ * `java` option, else `JAVA`, else `$JAVA_HOME/bin/java`, else `java` on `PATH` (see
+ * `installation`). Readiness and modes are read with the four-letter words `ruok` and `srvr` over
+ * plain TCP. Check `available` first so that a suite can say plainly that it was not run.
  *
  * @since 0.1.0
  */
@@ -16,14 +19,14 @@ import type { Duration, Effect, Option, Scope } from "effect"
 import * as internal from "./internal/zooKeeperServer.js"
 
 /**
- * Every failure of the launcher: `java` cannot be run, the server did not serve in time (the
- * message ends with its last log lines), a control was used on a stopped server, no leader was
- * elected in time, ...
+ * Every failure of the launcher: no ZooKeeper installation is found (the message says what was
+ * looked for), `java` cannot be run, the server did not serve in time (the message ends with its
+ * last log lines), a control was used on a stopped server, no leader was elected in time, ...
  *
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { ZooKeeperServer } from "@lockstep/testkit"
+ * import { ZooKeeperServer } from "@lockstep/servers"
  *
  * const program = Effect.scoped(ZooKeeperServer.make()).pipe(
  *   Effect.catchTag("ZooKeeperServerError", (e) => Effect.logError(e.message))
@@ -48,7 +51,7 @@ export type ZooKeeperServerError = internal.ZooKeeperServerError
  *
  * @example
  * ```ts
- * import type { ZooKeeperServer } from "@lockstep/testkit"
+ * import type { ZooKeeperServer } from "@lockstep/servers"
  *
  * const serving = (mode: ZooKeeperServer.Mode): boolean => mode !== "unknown"
  * ```
@@ -67,7 +70,7 @@ export type Mode = "standalone" | "leader" | "follower" | "unknown"
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { ZooKeeperServer } from "@lockstep/testkit"
+ * import { ZooKeeperServer } from "@lockstep/servers"
  *
  * const crashAndRecover = (server: ZooKeeperServer.ZooKeeperServer) =>
  *   Effect.zipRight(server.kill, server.restart)
@@ -113,7 +116,7 @@ export interface ZooKeeperServer {
  *
  * @example
  * ```ts
- * import type { ZooKeeperServer } from "@lockstep/testkit"
+ * import type { ZooKeeperServer } from "@lockstep/servers"
  *
  * const describe = (member: ZooKeeperServer.EnsembleMember) => `server.${member.id} at ${member.connectionString}`
  * ```
@@ -132,7 +135,7 @@ export interface EnsembleMember extends ZooKeeperServer {
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { ZooKeeperServer } from "@lockstep/testkit"
+ * import { ZooKeeperServer } from "@lockstep/servers"
  *
  * const failover = (ensemble: ZooKeeperServer.Ensemble) =>
  *   Effect.gen(function*() {
@@ -160,11 +163,64 @@ export interface Ensemble {
 }
 
 /**
+ * Which ZooKeeper installation runs the servers. Each field left out is looked up (see
+ * `installation`).
+ *
+ * @example
+ * ```ts
+ * import type { ZooKeeperServer } from "@lockstep/servers"
+ *
+ * const release: ZooKeeperServer.InstallationOptions = {
+ *   java: "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
+ *   classpath: ["/opt/zookeeper/lib/*", "/opt/zookeeper/conf"]
+ * }
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface InstallationOptions {
+  /** The `java` binary (default: `JAVA`, else `$JAVA_HOME/bin/java`, else `java` on `PATH`). */
+  readonly java?: string
+  /**
+   * The classpath that runs `org.apache.zookeeper.server.quorum.QuorumPeerMain`: jars,
+   * directories, or `dir/*` for every jar of a directory, as `java -cp` takes them (default:
+   * `ZOOKEEPER_CLASSPATH`, else `ZOOKEEPER_HOME`'s jars, else Debian's package).
+   */
+  readonly classpath?: ReadonlyArray<string>
+}
+
+/**
+ * A ZooKeeper installation as `installation` found it.
+ *
+ * @example
+ * ```ts
+ * import type { ZooKeeperServer } from "@lockstep/servers"
+ *
+ * const describe = (found: ZooKeeperServer.Installation) => `${found.java}, classpath from ${found.source}`
+ * ```
+ *
+ * @since 0.1.0
+ * @category models
+ */
+export interface Installation {
+  /** The `java` binary that runs the servers. */
+  readonly java: string
+  /** The classpath it runs them from. */
+  readonly classpath: ReadonlyArray<string>
+  /**
+   * Where the classpath came from: `the classpath option`, `ZOOKEEPER_CLASSPATH`,
+   * `ZOOKEEPER_HOME=<dir>` or `Debian's zookeeper package`.
+   */
+  readonly source: string
+}
+
+/**
  * Options of `make`.
  *
  * @example
  * ```ts
- * import type { ZooKeeperServer } from "@lockstep/testkit"
+ * import type { ZooKeeperServer } from "@lockstep/servers"
  *
  * const options: ZooKeeperServer.Options = {
  *   minSessionTimeoutMs: 500,
@@ -175,7 +231,7 @@ export interface Ensemble {
  * @since 0.1.0
  * @category models
  */
-export interface Options {
+export interface Options extends InstallationOptions {
   /** ZooKeeper's `tickTime` in ms (default 200, for quick timeouts and elections). */
   readonly tickTimeMs?: number
   /** `minSessionTimeout` in ms (default 1000): shorter session timeouts asked for are raised to it. */
@@ -193,7 +249,7 @@ export interface Options {
  *
  * @example
  * ```ts
- * import type { ZooKeeperServer } from "@lockstep/testkit"
+ * import type { ZooKeeperServer } from "@lockstep/servers"
  *
  * const options: ZooKeeperServer.EnsembleOptions = { size: 5, electionTimeout: "20 seconds" }
  * ```
@@ -209,13 +265,44 @@ export interface EnsembleOptions extends Options {
 }
 
 /**
- * Whether a ZooKeeper server can be run: `java -version` runs and exits 0, and
- * `/usr/share/java/zookeeper.jar` (Debian's `zookeeper` package) exists.
+ * Finds the ZooKeeper installation that runs the servers, in this order (the first one given is
+ * used; a wrong one is reported, not passed over):
+ *
+ * 1. the `classpath` option;
+ * 2. `ZOOKEEPER_CLASSPATH`: the classpath, its entries separated as `PATH`'s;
+ * 3. `ZOOKEEPER_HOME`: an unpacked Apache ZooKeeper binary release (`apache-zookeeper-<version>-bin`):
+ *    the jars at its top and in its `lib/`, and its `conf/`;
+ * 4. Debian's `zookeeper` package: `/usr/share/java/zookeeper.jar` (its manifest names the rest),
+ *    `/etc/zookeeper/conf` and `/usr/share/java/slf4j-simple.jar` (so that the server logs).
+ *
+ * and `java`: the `java` option, else `JAVA`, else `$JAVA_HOME/bin/java`, else `java` on `PATH`.
+ * Fails with a `ZooKeeperServerError` that says what was looked for and which variable to set.
  *
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { ZooKeeperServer } from "@lockstep/testkit"
+ * import { ZooKeeperServer } from "@lockstep/servers"
+ *
+ * const program = Effect.flatMap(ZooKeeperServer.installation(), (found) =>
+ *   Effect.log(`ZooKeeper from ${found.source}, run by ${found.java}`)
+ * )
+ * ```
+ *
+ * @since 0.1.0
+ * @category constructors
+ */
+export const installation: (
+  options?: InstallationOptions
+) => Effect.Effect<Installation, ZooKeeperServerError> = internal.installation
+
+/**
+ * Whether a ZooKeeper server can be run: `installation()` finds one (from the environment or
+ * Debian's package), and its `java -version` runs and exits 0.
+ *
+ * @example
+ * ```ts
+ * import { Effect } from "effect"
+ * import { ZooKeeperServer } from "@lockstep/servers"
  *
  * const program = Effect.flatMap(ZooKeeperServer.available, (ok) =>
  *   ok ? Effect.log("ZooKeeper suites will run") : Effect.log("ZooKeeper not found: ZooKeeper suites not run")
@@ -235,7 +322,7 @@ export const available: Effect.Effect<boolean> = internal.available
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { ZooKeeperServer } from "@lockstep/testkit"
+ * import { ZooKeeperServer } from "@lockstep/servers"
  *
  * const program = Effect.scoped(
  *   Effect.gen(function*() {
@@ -262,7 +349,7 @@ export const make: (
  * @example
  * ```ts
  * import { Effect } from "effect"
- * import { ZooKeeperServer } from "@lockstep/testkit"
+ * import { ZooKeeperServer } from "@lockstep/servers"
  *
  * const program = Effect.scoped(
  *   Effect.gen(function*() {

@@ -7,8 +7,8 @@ import { assert, describe, it } from "@effect/vitest"
 import * as net from "node:net"
 import * as tls from "node:tls"
 import { Effect } from "effect"
-import * as RedisSentinel from "@lockstep/testkit/RedisSentinel"
-import * as RedisServer from "@lockstep/testkit/RedisServer"
+import * as RedisSentinel from "@lockstep/servers/RedisSentinel"
+import * as RedisServer from "@lockstep/servers/RedisServer"
 
 const required = process.env["LOCKSTEP_REQUIRE_REDIS"] === "1"
 const available = await Effect.runPromise(RedisServer.available)
