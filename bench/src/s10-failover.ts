@@ -106,7 +106,7 @@ export const run = (env: Env) =>
     const setupStarted = now()
     const topology = yield* RedisSentinel.make({ replicas: 2, sentinels: 3 })
     const primary = topology.primary
-    // the testkit's replicas replicate through TCP proxies in this process (so that tests can cut
+    // the servers package's replicas replicate through TCP proxies in this process (so that tests can cut
     // them): here they replicate from the primary directly, as they would in production (and as
     // the sentinels would re-point them anyway once their failover-timeout passed, mid-run)
     const primaryAdmin = yield* connect(primary.url)

@@ -8,7 +8,7 @@
  * Every backend is wrapped to count its `acquire` calls and their grants; ZooKeeper's requests
  * are counted at the server (the `Received` figure of the four-letter word `srvr`, before and
  * after each measured window). The ZooKeeper servers are the scenario's own (`ZooKeeperServer.make()`
- * from `@lockstep/testkit`: standalone, on a free loopback port), stopped at the end: one with
+ * from `@lockstep/servers`: standalone, on a free loopback port), stopped at the end: one with
  * ZooKeeper's defaults (every write fsynced to its transaction log before it is answered), one with
  * `forceSync=no` (no fsync, as the bench's redis-server runs without persistence). Without java or
  * ZooKeeper the scenario is reported as not run.
@@ -105,7 +105,7 @@ const receivedRequests = (port: number): Effect.Effect<number, Error> =>
 const zooKeeper = (
   extraConfig: Record<string, string>
 ): Effect.Effect<ZooKeeperServer.ZooKeeperServer | string, never, Scope.Scope> => Effect.gen(function*() {
-  if (!(yield* ZooKeeperServer.available)) return "ZooKeeper is not available (java, or /usr/share/java/zookeeper.jar, not found)"
+  if (!(yield* ZooKeeperServer.available)) return "ZooKeeper is not available (no java, or no ZooKeeper installation: see ZooKeeperServer.installation)"
   const started = yield* Effect.either(ZooKeeperServer.make({ extraConfig }))
   if (started._tag === "Left") return `ZooKeeper did not start: ${started.left.message}`
   const server = started.right
