@@ -6,7 +6,7 @@
 import { readFileSync } from "node:fs"
 import { join } from "node:path"
 import { describe, expect, it } from "vitest"
-import { buildBin, redisRuns, redisServer, start, tempDir } from "./lockstep.js"
+import { buildBin, redisRuns, redisServer, start, tempDir } from "./fixtures/lockstep.js"
 
 describe.runIf(await redisRuns("lockstep run's exit on Redis"))("lockstep run's exit on Redis", () => {
   const dir = tempDir()

@@ -4,7 +4,7 @@
  */
 import { spawnSync } from "node:child_process"
 import { describe, expect, it } from "vitest"
-import { buildBin, lockstep, tempDir } from "./lockstep.js"
+import { buildBin, lockstep, tempDir } from "./fixtures/lockstep.js"
 
 const ESC = "\u001b"
 

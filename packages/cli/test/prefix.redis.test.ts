@@ -8,7 +8,7 @@ import { readFileSync } from "node:fs"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
 import { describe, expect, it } from "vitest"
-import { buildBin, lockstep, redisRuns, redisServer, start, tempDir, waitForFile } from "./lockstep.js"
+import { buildBin, lockstep, redisRuns, redisServer, start, tempDir, waitForFile } from "./fixtures/lockstep.js"
 
 /** The documented rule (docs/security.md, "Redis: least-privilege ACL"), as `redis-server --user` takes it. */
 const readmeRule = (): ReadonlyArray<string> => {

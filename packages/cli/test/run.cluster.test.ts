@@ -7,7 +7,7 @@ import { join } from "node:path"
 import { Effect, Exit, Scope } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { RedisServer } from "@lockstep/servers"
-import { buildBin, lockstep, redisRuns, sections, stampScript, tempDir } from "./lockstep.js"
+import { buildBin, lockstep, redisRuns, sections, stampScript, tempDir } from "./fixtures/lockstep.js"
 
 describe.runIf(await redisRuns("lockstep run on a Redis Cluster"))("lockstep run on a Redis Cluster", () => {
   const dir = tempDir()

@@ -3,7 +3,7 @@
  * processes with increasing fences, the conflict exit code, `status`, latches.
  */
 import { describe } from "vitest"
-import { buildBin, postgresDatabase, postgresRuns, runScenarios, tempDir } from "./lockstep.js"
+import { buildBin, postgresDatabase, postgresRuns, runScenarios, tempDir } from "./fixtures/lockstep.js"
 
 describe.runIf(await postgresRuns("lockstep run on PostgreSQL"))("lockstep run on PostgreSQL", () => {
   const dir = tempDir()

@@ -6,7 +6,7 @@ import { existsSync, readFileSync } from "node:fs"
 import { join } from "node:path"
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
-import { alive, buildBin, lockstep, redisRuns, redisServer, sections, stampScript, start, tempDir, waitForFile } from "./lockstep.js"
+import { alive, buildBin, lockstep, redisRuns, redisServer, sections, stampScript, start, tempDir, waitForFile } from "./fixtures/lockstep.js"
 
 describe.runIf(await redisRuns("lockstep run on Redis"))("lockstep run on Redis", () => {
   const dir = tempDir()

@@ -3,7 +3,7 @@
  * with increasing fences, the conflict exit code, `status`, latches.
  */
 import { describe } from "vitest"
-import { buildBin, runScenarios, tempDir } from "./lockstep.js"
+import { buildBin, runScenarios, tempDir } from "./fixtures/lockstep.js"
 import { serverForFile } from "../../zookeeper/test/fixtures/server.js"
 
 const server = await serverForFile("lockstep run on ZooKeeper")

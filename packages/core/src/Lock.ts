@@ -21,19 +21,20 @@
 import type { Duration, Option, Pipeable, Schedule, Scope } from "effect"
 import { Effect } from "effect"
 import { dual } from "effect/Function"
-import { pipeArguments } from "effect/Pipeable"
 import type { HolderState } from "./LockBackend.js"
 import type { LockBackend } from "./LockBackend.js"
 import type { AcquireError, BackendError, InvalidLockOptions, LockLost } from "./LockError.js"
 import type { Lease } from "./Lease.js"
 import * as handle from "./internal/handle.js"
-import type { Body, LockSpec } from "./internal/spec.js"
+import * as internal from "./internal/lock.js"
+import type { Body } from "./internal/spec.js"
+import { isBody } from "./internal/spec.js"
 
 /**
  * @since 0.1.0
  * @category symbols
  */
-export const TypeId: unique symbol = Symbol.for("@lockstep/core/Lock")
+export const TypeId: unique symbol = internal.TypeId
 
 /**
  * @since 0.1.0
@@ -144,30 +145,6 @@ export interface TryAcquireOptions {
   readonly retry?: Schedule.Schedule<unknown, BackendError> | undefined
 }
 
-class LockImpl implements Lock {
-  readonly [TypeId]: TypeId = TypeId
-  constructor(readonly spec: LockSpec) {}
-  get key(): string {
-    return this.spec.key
-  }
-  get kind(): Lock["kind"] {
-    return this.spec.kind as Lock["kind"]
-  }
-  pipe() {
-    // eslint-disable-next-line prefer-rest-params
-    return pipeArguments(this, arguments)
-  }
-  toString(): string {
-    return `${this.spec.kind}(${this.spec.key})`
-  }
-}
-
-/** @internal */
-export const fromSpec = (spec: LockSpec): Lock => new LockImpl(spec)
-
-/** @internal */
-export const specOf = (lock: Lock): LockSpec => (lock as LockImpl).spec
-
 /**
  * Is `u` a lock handle?
  *
@@ -203,7 +180,7 @@ export const isLock = (u: unknown): u is Lock => typeof u === "object" && u !== 
  * @category constructors
  */
 export const make = (key: string, options?: Options): Effect.Effect<Lock, InvalidLockOptions, LockBackend> =>
-  Effect.map(handle.makeSpec("Lock", key, options, { mode: "exclusive", limit: 1, fair: false }), fromSpec)
+  Effect.map(handle.makeSpec("Lock", key, options, { mode: "exclusive", limit: 1, fair: false }), internal.fromSpec)
 
 /**
  * Waits for the lock and yields its `Lease`; the lease is released when the scope closes.
@@ -226,7 +203,7 @@ export const make = (key: string, options?: Options): Effect.Effect<Lock, Invali
  * @category acquiring
  */
 export const acquire = (lock: Lock, options?: AcquireOptions): Effect.Effect<Lease, AcquireError, Scope.Scope> =>
-  handle.acquire(specOf(lock), 1, options)
+  handle.acquire(internal.specOf(lock), 1, options)
 
 /**
  * One attempt, no waiting: `Some(lease)` if the lock was free (or is re-entered), `None` if not.
@@ -255,7 +232,7 @@ export const tryAcquire = (
   lock: Lock,
   options?: TryAcquireOptions
 ): Effect.Effect<Option.Option<Lease>, Exclude<AcquireError, { _tag: "LockTimeout" }>, Scope.Scope> =>
-  handle.tryAcquire(specOf(lock), 1, options)
+  handle.tryAcquire(internal.specOf(lock), 1, options)
 
 /**
  * Runs an effect while holding the lock, then releases it. The effect is interrupted with
@@ -294,11 +271,8 @@ export const withLock: {
 } = dual(
   (args) => isBody(args[0]),
   <A, E, R>(self: Body<A, E, R>, lock: Lock, options?: AcquireOptions) =>
-    handle.withLease(self, specOf(lock), 1, options)
+    handle.withLease(self, internal.specOf(lock), 1, options)
 )
-
-/** @internal */
-export const isBody = (u: unknown): boolean => Effect.isEffect(u) || typeof u === "function"
 
 /**
  * Runs the effect only if the lock is free (or within `wait`): `Some` of its result, or `None`
@@ -333,7 +307,7 @@ export const withLockIfAvailable: {
 } = dual(
   (args) => isBody(args[0]),
   <A, E, R>(self: Body<A, E, R>, lock: Lock, options?: TryAcquireOptions) =>
-    handle.withLeaseIfAvailable(self, specOf(lock), 1, options)
+    handle.withLeaseIfAvailable(self, internal.specOf(lock), 1, options)
 )
 
 /**
@@ -356,7 +330,7 @@ export const withLockIfAvailable: {
  * @since 0.1.0
  * @category inspection
  */
-export const isHeldByCurrentFiber = (lock: Lock): Effect.Effect<boolean> => handle.isHeldByCurrentFiber(specOf(lock))
+export const isHeldByCurrentFiber = (lock: Lock): Effect.Effect<boolean> => handle.isHeldByCurrentFiber(internal.specOf(lock))
 
 /**
  * Is the lock held by anyone? For a read lock: by any reader; for a write lock: by a writer.
@@ -373,7 +347,7 @@ export const isHeldByCurrentFiber = (lock: Lock): Effect.Effect<boolean> => hand
  * @category inspection
  */
 export const isLocked = (lock: Lock): Effect.Effect<boolean, BackendError> =>
-  Effect.map(handle.holders(specOf(lock)), (holders) => holders.length > 0)
+  Effect.map(handle.holders(internal.specOf(lock)), (holders) => holders.length > 0)
 
 /**
  * How many times the current fiber's holder identity (see re-entrancy above) holds the lock, 0 if
@@ -393,7 +367,7 @@ export const isLocked = (lock: Lock): Effect.Effect<boolean, BackendError> =>
  * @since 0.1.0
  * @category inspection
  */
-export const holdCount = (lock: Lock): Effect.Effect<number, BackendError> => handle.holdCount(specOf(lock))
+export const holdCount = (lock: Lock): Effect.Effect<number, BackendError> => handle.holdCount(internal.specOf(lock))
 
 /**
  * The longest remaining time-to-live among the lock's holders, on the backend's clock.
@@ -410,7 +384,7 @@ export const holdCount = (lock: Lock): Effect.Effect<number, BackendError> => ha
  * @category inspection
  */
 export const remainingTtl = (lock: Lock): Effect.Effect<Option.Option<Duration.Duration>, BackendError> =>
-  handle.remainingTtl(specOf(lock))
+  handle.remainingTtl(internal.specOf(lock))
 
 /**
  * The lock's live holders.
@@ -427,7 +401,7 @@ export const remainingTtl = (lock: Lock): Effect.Effect<Option.Option<Duration.D
  * @category inspection
  */
 export const holders = (lock: Lock): Effect.Effect<ReadonlyArray<HolderState>, BackendError> =>
-  handle.holders(specOf(lock))
+  handle.holders(internal.specOf(lock))
 
 /**
  * Drops every holder of the lock's key (an administrative escape hatch: the dropped holders learn
@@ -445,4 +419,4 @@ export const holders = (lock: Lock): Effect.Effect<ReadonlyArray<HolderState>, B
  * @category administration
  */
 export const forceUnlock = (lock: Lock): Effect.Effect<boolean, BackendError> =>
-  Effect.suspend(() => specOf(lock).backend.forceRelease({ key: lock.key, id: crypto.randomUUID() }))
+  Effect.suspend(() => internal.specOf(lock).backend.forceRelease({ key: lock.key, id: crypto.randomUUID() }))

@@ -1,48 +1,14 @@
 /**
  * The interpreter interface every lockstep backend implements. The user-facing API (`Lock`,
  * `FairLock`, `ReadWriteLock`, `Semaphore`) is written once against this service; a backend only
- * has to apply the rules below atomically.
- *
- * Rules (applied atomically by the backend after dropping expired holders and queue entries):
- * - exclusive acquire by `h`: granted iff no other live holder (and, if `fair`, `h` is first in
- *   the key's queue). If `h` holds the key in shared mode only, it fails with
- *   `LockUpgradeNotSupported` instead of waiting forever.
- * - shared acquire of `p` permits by `h`: granted iff no live exclusive holder other than `h` and
- *   the live shared permits + `p` <= `limit` (read locks: `limit` = Infinity). The limit is stored
- *   with the key while it has shared holders; a request naming another limit fails with
- *   `InvalidLockOptions` (field `limit`), and so does `p` > `limit` (field `permits`), which could
- *   never be granted. A current holder taking another hold (re-entry, or a writer taking the read
- *   lock) never waits in the fair queue: it would wait behind waiters that wait for it.
- * - re-acquire by a current holder: its count for that mode becomes the request's `count`, its
- *   expiry is extended to at least now + lease, same fence.
- * - every new grant (a holder going from no holds to one) takes a fence greater than every fence
- *   issued before on the key. A backend that can lose its data (a Redis server restarted without
- *   persistence, FLUSHALL) never issues a fence below its clock's current time in microseconds, so
- *   fences keep increasing across the loss as long as that clock does not step back. The fence
- *   counter may then be forgotten a lease after the key's last grant.
- * - release by `h`: the count for that mode goes from the request's `count` to `count - 1`; at 0
- *   for both modes the hold is removed and waiters are woken. Release by a non-holder changes
- *   nothing and fails with `NotHeld`.
- * - renew by `h`: expiry extended to at least now + lease iff `h` still holds; otherwise `false`.
- * - expiry is judged on the backend's own clock.
- *
- * At-least-once delivery: a network or a client library may deliver an operation more than once
- * (ioredis re-sends unanswered commands after a reconnect), or deliver it late, after its caller
- * gave up on it. Every operation executed twice changes the state once:
- * - `acquire` and `release` name the count they move the holder to or from, so a copy of one that
- *   was already applied changes nothing and answers as the first did.
- * - a holder that ended (released its last hold, or left the fair queue with `cancel`) is
- *   remembered for `leaseMs`: a late copy of one of its acquisitions fails with `NotHeld` instead
- *   of granting a hold nobody would release, and a copy of its last release succeeds again.
- * - an acquisition that re-enters (`count` > 1) for a holder that holds nothing fails with
- *   `NotHeld`: the hold it meant to re-enter was lost.
- * - `renew` only ever extends a live hold; `cancel` and `forceRelease` (which carries an id) are
- *   applied once.
- *
- * Every operation must end in bounded time (a backend over a network puts a timeout on each call
- * and fails with `BackendError`): callers run a grant and the registration of its release as one
- * uninterruptible step, so an interruption never leaks a grant, and a holder whose renewals hang
- * must still learn of its lost lease.
+ * has to apply the backend rules atomically, after dropping expired holders and queue entries:
+ * an exclusive grant needs no other live holder (and, if `fair`, the head of the queue); a shared
+ * grant needs no exclusive holder but itself and free permits under the stored `limit`; re-entry
+ * sets the request's `count` and keeps the fence; every new grant takes a fence greater than every
+ * earlier one of the key; a release or renewal by a non-holder changes nothing; expiry is judged on
+ * the backend's own clock. Every operation changes the state once even when delivered twice or
+ * late, and ends in bounded time. The rules in full, with their reasons, are in the README
+ * ("Semantics"); `@lockstep/core/Rules` is their reference implementation.
  *
  * @since 0.1.0
  */

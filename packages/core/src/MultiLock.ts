@@ -18,17 +18,18 @@
  *
  * @since 0.1.0
  */
-import type { Pipeable, Schedule, Scope } from "effect"
+import type { Pipeable, Scope } from "effect"
 import { Duration, Effect, Option } from "effect"
 import { dual } from "effect/Function"
 import { pipeArguments } from "effect/Pipeable"
 import type { Lease, LeaseState } from "./Lease.js"
-import type { Lock } from "./Lock.js"
-import { isBody, specOf } from "./Lock.js"
-import type { AcquireError, BackendError, InvalidLockOptions, LockLost } from "./LockError.js"
+import type * as Lock from "./Lock.js"
+import type { AcquireError, InvalidLockOptions, LockLost } from "./LockError.js"
 import * as handle from "./internal/handle.js"
-import type { LockSpec } from "./internal/spec.js"
+import { specOf } from "./internal/lock.js"
 import * as internal from "./internal/multiLock.js"
+import type { LockSpec } from "./internal/spec.js"
+import { isBody } from "./internal/spec.js"
 
 /**
  * @since 0.1.0
@@ -62,7 +63,7 @@ export type TypeId = typeof TypeId
 export interface MultiLock extends Pipeable.Pipeable {
   readonly [TypeId]: TypeId
   /** The parts, in the canonical order they are taken in. */
-  readonly locks: ReadonlyArray<Lock>
+  readonly locks: ReadonlyArray<Lock.Lock>
 }
 
 /**
@@ -95,7 +96,10 @@ export interface MultiLease {
 }
 
 /**
- * Options of one acquisition.
+ * Options of one acquisition: those of `Lock.acquire`, for all the parts together. `timeout`
+ * bounds the wait for every part; `retry` retries a `BackendError` of a part it waits for, as
+ * `Lock.acquire` does, while a part it only tries (one before the part it waited for) is not
+ * retried: its `BackendError` fails the acquisition, releasing the parts taken.
  *
  * @example
  * ```ts
@@ -107,20 +111,11 @@ export interface MultiLease {
  * @since 0.1.0
  * @category models
  */
-export interface AcquireOptions {
-  /** How long to wait for all the parts before failing with `LockTimeout` (positive). Default: wait forever. */
-  readonly timeout?: Duration.DurationInput | undefined
-  /**
-   * What to do when a backend call fails (`BackendError`) while waiting for a part: try that part
-   * again after each of this schedule's delays, within the `timeout`, as `Lock.acquire` does. A part
-   * it only tries (those before the part it waited for) is not retried: its `BackendError` fails
-   * the acquisition. Default: fail at the first one (releasing the parts taken).
-   */
-  readonly retry?: Schedule.Schedule<unknown, BackendError> | undefined
-}
+export type AcquireOptions = Lock.AcquireOptions
 
 /**
  * Options of an acquisition that gives up rather than wait: `tryAcquire`, `withLockIfAvailable`.
+ * Without `wait`: one round, no waiting; with it, at most that long for all the parts.
  *
  * @example
  * ```ts
@@ -132,16 +127,11 @@ export interface AcquireOptions {
  * @since 0.1.0
  * @category models
  */
-export interface TryAcquireOptions {
-  /** Wait at most this long (positive) for all the parts, then give up with `None`. Default: one round, no wait. */
-  readonly wait?: Duration.DurationInput | undefined
-  /** As for `acquire`: retry a `BackendError` on this schedule, within `wait`. */
-  readonly retry?: Schedule.Schedule<unknown, BackendError> | undefined
-}
+export type TryAcquireOptions = Lock.TryAcquireOptions
 
 class MultiLockImpl implements MultiLock {
   readonly [TypeId]: TypeId = TypeId
-  constructor(readonly locks: ReadonlyArray<Lock>, readonly specs: ReadonlyArray<LockSpec>) {}
+  constructor(readonly locks: ReadonlyArray<Lock.Lock>, readonly specs: ReadonlyArray<LockSpec>) {}
   pipe() {
     // eslint-disable-next-line prefer-rest-params
     return pipeArguments(this, arguments)
@@ -213,7 +203,7 @@ export const isMultiLock = (u: unknown): u is MultiLock => typeof u === "object"
  * @since 0.1.0
  * @category constructors
  */
-export const make = (...locks: ReadonlyArray<Lock>): Effect.Effect<MultiLock, InvalidLockOptions> =>
+export const make = (...locks: ReadonlyArray<Lock.Lock>): Effect.Effect<MultiLock, InvalidLockOptions> =>
   Effect.suspend(() => {
     const specs = locks.map(specOf)
     const invalid = internal.invalidParts(specs)
@@ -244,12 +234,12 @@ export const make = (...locks: ReadonlyArray<Lock>): Effect.Effect<MultiLock, In
  * @category acquiring
  */
 export const acquire = (self: MultiLock, options?: AcquireOptions): Effect.Effect<MultiLease, AcquireError, Scope.Scope> =>
-  Effect.flatMap(handle.timeoutMillis(options?.timeout), (ms) =>
+  Effect.flatMap(handle.waitingOf(options), (waiting) =>
     Effect.flatMap(Effect.scope, (scope) =>
-      Effect.flatMap(internal.acquireAll(specsOf(self), ms, scope, options?.retry), (parts) =>
+      Effect.flatMap(internal.acquireAll(specsOf(self), waiting, scope), (parts) =>
         Option.isSome(parts)
           ? Effect.succeed(multiLease(parts.value.leases))
-          // only a zero timeout ends without the parts or a LockTimeout, and it is refused above
+          // only a single round ends without the parts or a LockTimeout, and this never makes one
           : Effect.dieMessage("lockstep: a waiting acquisition ended without a lease"))))
 
 /**
@@ -280,11 +270,11 @@ export const tryAcquire = (
   self: MultiLock,
   options?: TryAcquireOptions
 ): Effect.Effect<Option.Option<MultiLease>, Exclude<AcquireError, { _tag: "LockTimeout" }>, Scope.Scope> =>
-  Effect.flatMap(handle.waitMillis(options?.wait), (ms) =>
+  Effect.flatMap(handle.tryingOf(options), (waiting) =>
     Effect.flatMap(Effect.scope, (scope) =>
       Effect.map(
         // past `wait`, the parts taken are released and the answer is None
-        Effect.catchTag(internal.acquireAll(specsOf(self), ms, scope, options?.retry), "LockTimeout", () => Effect.succeedNone),
+        Effect.catchTag(internal.acquireAll(specsOf(self), waiting, scope), "LockTimeout", () => Effect.succeedNone),
         (parts) => Option.map(parts, (held) => multiLease(held.leases))
       )))
 
@@ -326,12 +316,11 @@ export const withLock: {
     self: MultiLock,
     options?: AcquireOptions
   ) =>
-    Effect.flatMap(handle.timeoutMillis(options?.timeout), (ms) =>
+    Effect.flatMap(handle.waitingOf(options), (waiting) =>
       internal.withAll(
         typeof effect === "function" ? (leases: ReadonlyArray<Lease>) => effect(multiLease(leases)) : effect,
         specsOf(self),
-        ms,
-        options?.retry
+        waiting
       ))
 )
 
@@ -372,11 +361,10 @@ export const withLockIfAvailable: {
     self: MultiLock,
     options?: TryAcquireOptions
   ) =>
-    Effect.flatMap(handle.waitMillis(options?.wait), (ms) =>
+    Effect.flatMap(handle.tryingOf(options), (waiting) =>
       internal.withAllIfGranted(
         typeof effect === "function" ? (leases: ReadonlyArray<Lease>) => effect(multiLease(leases)) : effect,
         specsOf(self),
-        ms,
-        options?.retry
+        waiting
       ))
 )

@@ -9,7 +9,7 @@
 import { Effect } from "effect"
 import * as handle from "./internal/handle.js"
 import type { Lock, Options as LockOptions } from "./Lock.js"
-import { fromSpec } from "./Lock.js"
+import { fromSpec } from "./internal/lock.js"
 import type { LockBackend } from "./LockBackend.js"
 import type { InvalidLockOptions } from "./LockError.js"
 

@@ -3,34 +3,14 @@
  * "distlock" page and Redisson's `RedissonRedLock`), so that a lock outlives the loss of any
  * minority of them. Every `Lock` made under `RedLock.layer(...)` uses it unchanged.
  *
- * - Acquire: the request goes to every node at once, each call limited to `nodeTimeout` (far
- *   below the lease). The hold is granted iff a majority granted it and the lease still has time
- *   left after the attempt (`lease - elapsed - drift > 0`, on the monotonic clock; drift is 1% of
- *   the lease + 5 ms, as the lease's own deadline gives away). Otherwise it is given back on the
- *   nodes that granted it and those that did not answer, and the attempt is denied; when a majority could be
- *   free at once (contenders split the nodes), the attempt first waits a random while of up to
- *   `retryJitter`, so that they do not split again.
- * - Renewal (the watchdog, batched per backend as always) needs a majority of nodes that still
- *   hold: when a majority no longer holds, the lease is lost (`LockLost(NotHeld)`); when too few
- *   answer, the renewal fails and the lease is lost at its deadline (`LockLost(DeadlinePassed)`).
- * - Release goes to every node. Waiters wake on the first release signal of any node.
- * - Fences: strictly increasing per key under the algorithm's own assumption (a majority keeps
- *   its state). A new grant's fence is the greatest fence the granting nodes issued, and before
- *   the lease is handed out every granting node raises its key's fence floor to it (one more
- *   parallel round trip; the grant needs a majority of nodes that granted *and* raised). Any later
- *   majority shares a node with that one, that node granted later, so above the floor: the later
- *   fence is greater.
- * - Kinds a quorum cannot make sound are refused at `make` with `InvalidLockOptions` (field
- *   `kind`): `FairLock` (no common queue), `ReadWriteLock` and `Semaphore` (no common count of
- *   shared holds), `CountDownLatch` (a count is not a lock). `Lock` and `MultiLock` work.
- * - When too few nodes answer to decide, an operation fails with `BackendError` whose `cause` is
- *   a `QuorumNotReached` naming what each node answered.
- *
- * Assumptions (those of the algorithm): nodes are independent (no replication between them), a
- * node that restarts keeps its data (AOF with `fsync always`) or stays down for longer than a
- * lease, and clocks advance at about the same rate. A node that comes back empty while a lease is
- * held lets a second holder in as soon as it and the holder's other nodes make up a majority for
- * someone else: with three nodes, one empty node and one that the holder's lease expired on.
+ * A hold is granted when a majority of nodes granted it with time left on the lease, renewed while
+ * a majority still holds it, and released on every node; its fence increases under the
+ * algorithm's own assumption (a majority keeps its state). `FairLock`, `ReadWriteLock`,
+ * `Semaphore` and `CountDownLatch` are refused at `make` (`InvalidLockOptions`, field `kind`);
+ * when too few nodes answer to decide, an operation fails with a `BackendError` whose `cause` is
+ * a `QuorumNotReached`. Each operation step by step, and the algorithm's assumptions (independent
+ * nodes, restarts that keep their data, clocks at about the same rate), are in the README
+ * ("RedLock").
  *
  * @since 0.1.0
  */

@@ -5,29 +5,9 @@
  * transaction (`@lockstep/sql`). It favours plainness over speed: immutable data, one function per
  * backend operation, each taking the current time `now` (milliseconds on the backend's clock) and
  * returning the next state with the result, in the very shapes the `LockBackend` service reports.
- *
- * Conventions the backend module leaves implicit, fixed here:
- * - a hold or queue entry is live while `now < expiresAt`; at `now === expiresAt` it has expired.
- * - every operation first drops the key's expired holders and queue entries.
- * - `fair` orders new grants only: a holder that already holds the key (re-entry, or a writer
- *   taking the read lock) is never held back by the queue. It applies to both modes.
- * - any grant removes the holder from the key's queue; errors never touch the queue.
- * - the stored `limit` belongs to the shared holds: it is set by the first shared grant and
- *   forgotten when the key has no shared holder left. Exclusive requests ignore `limit`.
- * - a shared re-entry keeps the permits of the first shared grant (a release returns one count,
- *   not a number of permits), and is granted whatever `permits` it names.
- * - requests are assumed valid (`1 <= permits <= limit`, positive lease and waiter TTL): the
- *   user-facing API rejects anything else before it reaches a backend.
- * - a new grant's fence is `max(last + 1, floor(now * 1000))`; the last fence is remembered until
- *   `max(now + lease, fence / 1000 + 1)` after each grant (later grants only push that further).
- * - an ended holder (its last release, a `cancel` of a non-holder, or a forced release) is
- *   remembered while `now < until`; a holder whose release was answered `NotHeld` as `!<holder>`,
- *   and an applied forced release as `force|<1 if it dropped a holder, else 0>|<id>`, so that a
- *   copy answers as the first delivery did.
- * - latches live apart from locks (`latches`): a latch call on a key with a live holder is refused
- *   (`InvalidLockOptions`, field `key`); the ids of applied latch calls are remembered for
- *   `latchCallMemoryMs`, during which a copy changes nothing; a latch at 0 that remembers no call
- *   is dropped from the state.
+ * Where the rules leave a detail open (expiry at `now === expiresAt`, the fair queue and re-entry,
+ * the stored limit, the fence formula, remembered holders, latches), the conventions it fixes are
+ * in the README ("Semantics").
  *
  * @since 0.1.0
  */

@@ -13,11 +13,11 @@ import { dual } from "effect/Function"
 import { pipeArguments } from "effect/Pipeable"
 import * as handle from "./internal/handle.js"
 import type { Body, LockSpec } from "./internal/spec.js"
+import { isBody } from "./internal/spec.js"
 import * as validate from "./internal/options.js"
 import type { Lease } from "./Lease.js"
 import type { HolderState, LockBackend } from "./LockBackend.js"
 import type { AcquireError, BackendError, InvalidLockOptions, LockLost } from "./LockError.js"
-import { isBody } from "./Lock.js"
 import type { AcquireOptions as LockAcquireOptions, Options as LockOptions, TryAcquireOptions as TryLockOptions } from "./Lock.js"
 
 /**

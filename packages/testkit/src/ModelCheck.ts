@@ -24,6 +24,7 @@ import { Data, Effect, Either, FastCheck as fc, Random } from "effect"
 import type { HoldMode } from "@lockstep/core/LockBackend"
 import type { LockBackend } from "@lockstep/core/LockBackend"
 import * as internal from "./internal/modelCheck.js"
+import * as modelRun from "./internal/modelRun.js"
 import * as shrinking from "./internal/shrinking.js"
 
 /**
@@ -408,7 +409,7 @@ export const execute = (
   commands: ReadonlyArray<Command>,
   options: ExecuteOptions
 ): Effect.Effect<void, ModelMismatch, LockBackend> =>
-  Effect.mapError(internal.execute(commands, options), (d) => new ModelMismatch(d))
+  Effect.mapError(modelRun.execute(commands, options), (d) => new ModelMismatch(d))
 
 /**
  * Runs `numRuns` random sequences against the model and the backend in context. The first

@@ -6,7 +6,7 @@ import { InvalidLockOptions } from "@lockstep/core/LockError"
 import { MemoryBackend } from "@lockstep/memory"
 import * as FaultyBackend from "@lockstep/testkit/FaultyBackend"
 import * as ModelCheck from "@lockstep/testkit/ModelCheck"
-import * as ModelBackend from "./ModelBackend.js"
+import * as ModelBackend from "./fixtures/ModelBackend.js"
 
 const C = ModelCheck.Command
 const options = { advance: TestClock.adjust }

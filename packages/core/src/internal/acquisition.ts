@@ -9,11 +9,11 @@ import type { Lease } from "../Lease.js"
 import type { AcquireRequest, AcquireResult } from "../LockBackend.js"
 import type { BackendError, InvalidLockOptions, LockUpgradeNotSupported, SelfDeadlock } from "../LockError.js"
 import { isBackendClosed, LockTimeout } from "../LockError.js"
-import { heldLeases, liveOn, selfDeadlock, withHeld } from "./fiberHolds.js"
-import * as HeldSet from "./heldSet.js"
-import { countIn } from "./holdRecord.js"
+import { fiberHolds, liveOn, selfDeadlock, withHold } from "./fiberHolds.js"
+import { countIn } from "./hold.js"
+import * as HoldSet from "./holdSet.js"
 import type { Grant } from "./lease.js"
-import { attach, recordOf } from "./lease.js"
+import { attach, holdOf } from "./lease.js"
 import type { Outcome } from "./metrics.js"
 import * as metrics from "./metrics.js"
 import type { LockSpec, Restore, Retry } from "./spec.js"
@@ -21,6 +21,29 @@ import { driftMs, monotonicMillis } from "./time.js"
 import { awaitWakeUp } from "./wakeUp.js"
 
 export type AttemptError = BackendError | InvalidLockOptions | LockUpgradeNotSupported | SelfDeadlock
+
+/**
+ * How an acquisition waits, as the caller's options decide it: the part of a request a lock and
+ * a multi-lock share.
+ */
+export interface Waiting {
+  /**
+   * One attempt and no more (a try without `wait`; a multi-lock: one round): denied, it gives up
+   * at once, neither waiting nor retrying a `BackendError`.
+   */
+  readonly singleAttempt: boolean
+  /** Otherwise: how long it may wait in all, in ms, before `LockTimeout` (`Infinity`: no limit). */
+  readonly timeoutMs: number
+  /** What to do on a `BackendError`: try again after each of this schedule's delays (none: fail). */
+  readonly retry: Retry
+}
+
+/** One acquisition, as the lock API asks it of a handle: what it takes and how it waits. */
+export interface LeaseRequest extends Waiting {
+  readonly spec: LockSpec
+  /** Permits to take (1 but for a semaphore). */
+  readonly permits: number
+}
 
 /** The backend refused for now: the backend's own answer, with how long waiting is useful. */
 type Denied = Extract<AcquireResult, { readonly _tag: "Denied" }>
@@ -39,32 +62,34 @@ const succeedStale = Effect.succeed(stale)
 /** How one request to the backend ended. */
 type Attempt = Grant | Denied | Stale
 
+type Granting = Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout>
+
 const holderCounter = GlobalValue.globalValue(Symbol.for("@lockstep/core/holderCounter"), () => ({ next: 0 }))
 
+const timedOut = (leaseRequest: LeaseRequest): LockTimeout =>
+  new LockTimeout({ key: leaseRequest.spec.key, timeout: Duration.millis(leaseRequest.timeoutMs) })
+
 /**
- * Acquires a lease into the current scope. `timeoutMs`: `undefined` waits forever, `0` makes a
- * single attempt (try-acquire). Each attempt runs uninterruptibly and its grant is bound to the
- * scope in the same step; only the waiting in between is interruptible. An interruption that
- * arrived while a grant was in flight releases that grant at once, and an attempt whose reply was
- * lost is released best-effort: nothing is left held for a caller that has no lease.
+ * Acquires a lease into the current scope (`None`: a single attempt was denied). Each attempt
+ * runs uninterruptibly and its grant is bound to the scope in the same step; only the waiting in
+ * between is interruptible. An interruption that arrived while a grant was in flight releases
+ * that grant at once, and an attempt whose reply was lost is released best-effort: nothing is
+ * left held for a caller that has no lease.
  */
 export const scopedLease = (
-  spec: LockSpec,
-  permits: number,
-  timeoutMs: number | undefined,
-  retry?: Retry
+  leaseRequest: LeaseRequest
 ): Effect.Effect<Option.Option<Lease>, AttemptError | LockTimeout, Scope.Scope> =>
   Effect.uninterruptibleMask((restore) =>
-    Effect.flatMap(takeGrant(spec, permits, timeoutMs, retry, restore), (grant) => {
+    Effect.flatMap(takeGrant(leaseRequest, restore), (grant) => {
       if (Option.isNone(grant)) return Effect.succeedNone
       const { close, lease } = grant.value
-      const held = recordOf(lease)
+      const hold = holdOf(lease)
       return Effect.flatMap(Effect.scope, (scope) =>
         Effect.zipRight(
           Effect.zipRight(
-            // a new record joins the holds of the fiber whose scope owns the lease (a re-entered one is there)
-            FiberRef.update(heldLeases, (leases) =>
-              HeldSet.has(leases.all, held) ? leases : withHeld(leases, held)),
+            // a new hold joins the holds of the fiber whose scope owns the lease (a re-entered one is there)
+            FiberRef.update(fiberHolds, (holds) =>
+              HoldSet.has(holds.all, hold) ? holds : withHold(holds, hold)),
             Scope.addFinalizer(scope, close)
           ),
           // an interruption that arrived while the grant was in flight: the caller gets no
@@ -80,44 +105,39 @@ const nativeTracer = Context.get(DefaultServices.liveServices, Tracer.Tracer)
 /**
  * One acquisition, observed: a `lockstep.acquire` span (key, kind, permits, then fence, wait and
  * outcome) when a tracer is installed, and the acquisition metrics. Stack traces are not
- * captured: this is every lock's path.
+ * captured: this is every lock's path. `restore` is where it may be interrupted (the caller runs
+ * it uninterruptibly).
  */
-export const takeGrant = (
-  spec: LockSpec,
-  permits: number,
-  timeoutMs: number | undefined,
-  retry: Retry,
-  restore: Restore
-): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
-  /** The attempts, timed on the fiber's clock and observed (with `span`, if any) when they end. */
-  const observedOn = (
-    fiber: Fiber.RuntimeFiber<unknown, unknown>,
-    span: Tracer.Span | undefined
-  ): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
-    const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
-    const startedAt = clock.unsafeCurrentTimeNanos()
-    // the caller runs this uninterruptibly (only `restore` is interruptible): observing the
-    // exit needs no `onExit` of its own, which would mask interruption once more
-    return Effect.flatMap(Effect.exit(grantWithRetry(spec, permits, timeoutMs, retry, restore)), (exit) => {
-      observeAcquisition(spec, span, exit, startedAt, clock.unsafeCurrentTimeNanos())
-      return exit
-    })
-  }
-  const observed = (span: Tracer.Span): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
-    Effect.withFiberRuntime((fiber) => observedOn(fiber, span))
-  return Effect.withFiberRuntime((fiber) =>
+export const takeGrant = (leaseRequest: LeaseRequest, restore: Restore): Granting =>
+  Effect.withFiberRuntime((fiber) =>
     Context.get(fiber.currentDefaultServices, Tracer.Tracer) === nativeTracer
-      ? observedOn(fiber, undefined)
+      ? observedOn(leaseRequest, restore, fiber, undefined)
       : Effect.useSpan(
         "lockstep.acquire",
         {
           kind: "client",
           captureStackTrace: false,
-          attributes: { "lockstep.key": spec.key, "lockstep.kind": spec.kind, "lockstep.permits": permits }
+          attributes: { "lockstep.key": leaseRequest.spec.key, "lockstep.kind": leaseRequest.spec.kind, "lockstep.permits": leaseRequest.permits }
         },
-        observed
+        (span) => Effect.withFiberRuntime((fiber) => observedOn(leaseRequest, restore, fiber, span))
       )
   )
+
+/** The attempts, timed on the fiber's clock and observed (with `span`, if any) when they end. */
+const observedOn = (
+  leaseRequest: LeaseRequest,
+  restore: Restore,
+  fiber: Fiber.RuntimeFiber<unknown, unknown>,
+  span: Tracer.Span | undefined
+): Granting => {
+  const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+  const startedAt = clock.unsafeCurrentTimeNanos()
+  // the caller runs this uninterruptibly (only `restore` is interruptible): observing the
+  // exit needs no `onExit` of its own, which would mask interruption once more
+  return Effect.flatMap(Effect.exit(grantWithRetry(leaseRequest, restore)), (exit) => {
+    observeAcquisition(leaseRequest.spec, span, exit, startedAt, clock.unsafeCurrentTimeNanos())
+    return exit
+  })
 }
 
 const observeAcquisition = (
@@ -154,51 +174,40 @@ const observeAcquisition = (
 /**
  * An acquisition that, after a `BackendError`, starts over (as a new holder: the failed attempt's
  * clean-up ended the old one) after each of `retry`'s delays, until the schedule is done (that
- * error) or the deadline passed (`LockTimeout`). A single attempt (`timeoutMs` 0) is not retried:
- * it must not wait. The delays are interruptible.
+ * error) or the timeout passed (`LockTimeout`). A single attempt is not retried: it must not
+ * wait. The delays are interruptible.
  */
-const grantWithRetry = (
-  spec: LockSpec,
-  permits: number,
-  timeoutMs: number | undefined,
-  retry: Retry,
-  restore: Restore
-): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
-  if (retry === undefined || timeoutMs === 0) return grantAsHolder(spec, permits, timeoutMs, restore)
+const grantWithRetry = (leaseRequest: LeaseRequest, restore: Restore): Granting => {
+  const retry = leaseRequest.retry
+  if (retry === undefined || leaseRequest.singleAttempt) return grantAsHolder(leaseRequest, restore)
   return Effect.flatMap(Effect.zip(Schedule.driver(retry), monotonicMillis), ([driver, startedAt]) => {
-    const from = (left: number | undefined): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
+    const from = (attempt: LeaseRequest): Granting =>
       // a closed backend never answers again: nothing to retry
-      Effect.catchIf(grantAsHolder(spec, permits, left, restore), (error): error is BackendError => error._tag === "BackendError" && !isBackendClosed(error), (error) =>
+      Effect.catchIf(grantAsHolder(attempt, restore), (error): error is BackendError => error._tag === "BackendError" && !isBackendClosed(error), (error) =>
         Effect.matchEffect(restore(driver.next(error)), {
           onFailure: () => Effect.fail(error),
           onSuccess: () =>
             Effect.flatMap(monotonicMillis, (now) => {
-              if (timeoutMs === undefined) return from(undefined)
-              const rest = timeoutMs - (now - startedAt)
-              return rest > 0
-                ? from(rest)
-                : Effect.fail(new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs) }))
+              if (leaseRequest.timeoutMs === Infinity) return from(leaseRequest)
+              const rest = leaseRequest.timeoutMs - (now - startedAt)
+              return rest > 0 ? from({ ...leaseRequest, timeoutMs: rest }) : Effect.fail(timedOut(leaseRequest))
             })
         }))
-    return from(timeoutMs)
+    return from(leaseRequest)
   })
 }
 
 /**
  * An acquisition as one holder: re-enters the current fiber's hold on the key (or takes a new
- * holder identity), makes the first attempt and, when denied, waits and tries again (`timeoutMs`
- * 0: no waiting). A hold found gone meanwhile starts it over as a new holder.
+ * holder identity), makes the first attempt and, when denied, waits and tries again (a single
+ * attempt: no waiting). A hold found gone meanwhile starts it over as a new holder.
  */
-const grantAsHolder = (
-  spec: LockSpec,
-  permits: number,
-  timeoutMs: number | undefined,
-  restore: Restore
-): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> =>
+const grantAsHolder = (leaseRequest: LeaseRequest, restore: Restore): Granting =>
   // what the first attempt needs is read synchronously: this is the path every lock takes
   Effect.withFiberRuntime((fiber) => {
+    const { permits, spec } = leaseRequest
     const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
-    const mine = liveOn(fiber.getFiberRef(heldLeases), spec)
+    const mine = liveOn(fiber.getFiberRef(fiberHolds), spec)
     const found = spec.reentrant ? mine.find((h) => h.reentrant) : undefined
     const deadlock = mine.length === 0 ? undefined : selfDeadlock(spec, permits, mine, found)
     if (deadlock !== undefined) return Effect.fail(deadlock)
@@ -246,7 +255,7 @@ const grantAsHolder = (
      */
     const handedOver = (fence: number, sentAt: number, claimMs: number): Effect.Effect<Grant> | undefined =>
       found === undefined ? attach(spec, request, fence, sentAt, undefined, claimMs) : undefined
-    const settle = (outcome: Attempt): Effect.Effect<Option.Option<Grant>, AttemptError | LockTimeout> => {
+    const settle = (outcome: Attempt): Granting => {
       switch (outcome._tag) {
         case "Granted":
           return Effect.succeed(Option.some(outcome))
@@ -255,13 +264,14 @@ const grantAsHolder = (
             // start over as a new holder, within what is left of the wait; like the first
             // attempt, each attempt runs uninterruptibly (only the waiting is restored), so an
             // interruption cannot cut a grant in flight loose from its release
-            const left = timeoutMs === undefined || timeoutMs === 0 ? timeoutMs : Math.max(1, timeoutMs - (now - startedAt))
-            return grantAsHolder(spec, permits, left, restore)
+            if (leaseRequest.singleAttempt || leaseRequest.timeoutMs === Infinity) return grantAsHolder(leaseRequest, restore)
+            return grantAsHolder({ ...leaseRequest, timeoutMs: Math.max(1, leaseRequest.timeoutMs - (now - startedAt)) }, restore)
           })
         case "Denied":
           // waiting ends granted or stale, never denied
-          if (timeoutMs !== 0) {
-            return Effect.flatMap(waitForGrant(spec, request, attemptAt, handedOver, startedAt, timeoutMs, restore), settle)
+          if (!leaseRequest.singleAttempt) {
+            const waiter: Waiter = { leaseRequest, request, attemptAt, handedOver, startedAt, restore }
+            return Effect.flatMap(waitForGrant(waiter), settle)
           }
           // a denied fair attempt queued us; a try-acquire must not stay in the queue
           return spec.fair ? Effect.zipRight(cancel(spec, holder), Effect.succeedNone) : Effect.succeedNone
@@ -286,6 +296,18 @@ const cleanUpAttempt = (spec: LockSpec, request: AcquireRequest): Effect.Effect<
 const cancel = (spec: LockSpec, holder: string): Effect.Effect<void> =>
   Effect.ignore(spec.backend.cancel({ key: spec.key, holder, leaseMs: spec.leaseMs ?? spec.watchdogMs }))
 
+/** A holder's acquisition once its first attempt was denied: what its waiting works with. */
+interface Waiter {
+  readonly leaseRequest: LeaseRequest
+  /** The request each attempt sends. */
+  readonly request: AcquireRequest
+  readonly attemptAt: (sentAt: number) => Effect.Effect<Attempt, AttemptError>
+  readonly handedOver: (fence: number, sentAt: number, claimMs: number) => Effect.Effect<Grant> | undefined
+  /** When the first attempt was sent (monotonic ms): the timeout counts from there. */
+  readonly startedAt: number
+  readonly restore: Restore
+}
+
 /**
  * Subscribe, then retry; sleep until a wake-up, the blocking hold's expiry, the fair-queue
  * heartbeat or the caller's deadline, whichever is first; retry. A wake-up that hands the lock
@@ -293,17 +315,11 @@ const cancel = (spec: LockSpec, holder: string): Effect.Effect<void> =>
  * while its claim is surely live. Leaving without a grant drops the fair-queue entry and (through
  * the subscription's scope) hands any wake-up, or a claim, on.
  */
-const waitForGrant = (
-  spec: LockSpec,
-  request: AcquireRequest,
-  attemptAt: (sentAt: number) => Effect.Effect<Attempt, AttemptError>,
-  handedOver: (fence: number, sentAt: number, claimMs: number) => Effect.Effect<Grant> | undefined,
-  startedAt: number,
-  timeoutMs: number | undefined,
-  restore: Restore
-): Effect.Effect<Grant | Stale, AttemptError | LockTimeout> =>
-  Effect.gen(function*() {
-    const deadline = timeoutMs === undefined ? Infinity : startedAt + timeoutMs
+const waitForGrant = (waiter: Waiter): Effect.Effect<Grant | Stale, AttemptError | LockTimeout> => {
+  const { attemptAt, handedOver, leaseRequest, request, restore } = waiter
+  const spec = leaseRequest.spec
+  return Effect.gen(function*() {
+    const deadline = waiter.startedAt + leaseRequest.timeoutMs
     const subscription = yield* spec.backend.subscribe(spec.key, request.holder, spec.mode)
     // fair waiters refresh their queue entry well before it expires; every waiter tries again at
     // least once per waiter timeout, so a wake-up lost with a crashed waiter (or a network) delays
@@ -314,9 +330,7 @@ const waitForGrant = (
       const result = yield* attemptAt(sentAt)
       if (result._tag !== "Denied") return result
       const now = yield* monotonicMillis
-      if (now >= deadline) {
-        return yield* Effect.fail(new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs ?? Infinity) }))
-      }
+      if (now >= deadline) return yield* Effect.fail(timedOut(leaseRequest))
       yield* restore(awaitWakeUp(subscription, result.retryAfterMs, heartbeatMs, deadline - now))
       if (subscription.takeHandOff === undefined) continue
       const handOff = yield* subscription.takeHandOff
@@ -325,8 +339,8 @@ const waitForGrant = (
       // this waiter's last attempt was processed (the backend hands over only such claims), so
       // after it was sent: sentAt + claimMs, less the drift allowance, is never later than the
       // backend's expiry of the claim. While at least half of that is ahead, the hold is ours at
-      // once (its record confirms it off the critical path, with the other half to spare: see
-      // `Held`); later, the claim may be gone before a confirmation reaches it, and the next
+      // once (its keeper entry confirms it off the critical path, with the other half to spare:
+      // see `Hold`); later, the claim may be gone before a confirmation reaches it, and the next
       // attempt confirms it instead (a holder's acquire answers its fence and count 1) or finds
       // it gone.
       const woke = yield* monotonicMillis
@@ -339,4 +353,4 @@ const waitForGrant = (
     Effect.scoped,
     Effect.onExit((exit) => Exit.isSuccess(exit) || !spec.fair ? Effect.void : cancel(spec, request.holder))
   )
-
+}

@@ -6,15 +6,15 @@ import { Cause, Context, Effect, Equal, Exit, Fiber, FiberId, FiberRef, FiberRef
 import type * as Arr from "effect/Array"
 import type { Lease } from "../Lease.js"
 import type { LockLost, LockTimeout } from "../LockError.js"
-import type { AttemptError } from "./acquisition.js"
+import type { AttemptError, LeaseRequest } from "./acquisition.js"
 import { takeGrant } from "./acquisition.js"
-import type { HeldLeases } from "./fiberHolds.js"
-import { heldLeases } from "./fiberHolds.js"
-import * as HeldSet from "./heldSet.js"
-import type { Held } from "./holdRecord.js"
+import type { FiberHolds } from "./fiberHolds.js"
+import { fiberHolds } from "./fiberHolds.js"
+import type { Hold } from "./hold.js"
+import * as HoldSet from "./holdSet.js"
 import type { Grant } from "./lease.js"
-import { recordOf } from "./lease.js"
-import type { Body, LockSpec, Restore, Retry } from "./spec.js"
+import { holdOf } from "./lease.js"
+import type { Body, Restore } from "./spec.js"
 
 /**
  * How many body fibers are being started on the current stack, one inside another: past
@@ -46,17 +46,17 @@ export const whileHeld = <A, E, R>(
   close: Effect.Effect<void>
 ): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> =>
   Effect.suspend(() => {
-    const helds = leases.map(recordOf)
+    const holds = leases.map(holdOf)
     // a hold lost before the body could start (a multi-lock's first part, while it waited for
     // the others): the body never runs
-    const lostBefore = helds.find((held) => held.dead)
+    const lostBefore = holds.find((hold) => hold.dead)
     if (lostBefore !== undefined) return Effect.zipRight(close, lostBefore.lost)
     // a scope of Effect's own: Effect's functions (forkScoped, Stream.broadcast) read its state
-    return Effect.flatMap(Scope.make(), (scope) => runBody(helds, scope, body, restore, close))
+    return Effect.flatMap(Scope.make(), (scope) => runBody(holds, scope, body, restore, close))
   })
 
 const runBody = <A, E, R>(
-  helds: ReadonlyArray<Held>,
+  holds: ReadonlyArray<Hold>,
   scope: Scope.CloseableScope,
   body: Effect.Effect<A, E, R>,
   restore: Restore,
@@ -64,10 +64,10 @@ const runBody = <A, E, R>(
 ): Effect.Effect<A, E | LockLost, Exclude<R, Scope.Scope>> =>
   Effect.withFiberRuntime((parent, status) => {
     const flags = status.runtimeFlags
-    // withLock leaves the caller's holds alone: the records are the body's
-    let all = parent.getFiberRef(heldLeases).all
-    for (const held of helds) if (!HeldSet.has(all, held)) all = HeldSet.add(all, held)
-    const holds: HeldLeases = { all, taken: HeldSet.empty }
+    // withLock leaves the caller's holds alone: these are the body's
+    let all = parent.getFiberRef(fiberHolds).all
+    for (const hold of holds) if (!HoldSet.has(all, hold)) all = HoldSet.add(all, hold)
+    const bodyHolds: FiberHolds = { all, taken: HoldSet.empty }
     const callerContext = parent.getFiberRef(FiberRef.currentContext)
     const parentRefs = parent.getFiberRefs()
     const runtime = Runtime.make({
@@ -78,7 +78,7 @@ const runBody = <A, E, R>(
     // the body's fiber is new and ends with the body: its holds are set, not scoped
     let forked: FiberRefs.FiberRefs = parentRefs
     const withHolds = (refs: FiberRefs.FiberRefs, id: FiberId.Runtime) =>
-      (forked = FiberRefs.updateAs(refs, { fiberId: id, fiberRef: heldLeases, value: holds }))
+      (forked = FiberRefs.updateAs(refs, { fiberId: id, fiberRef: fiberHolds, value: bodyHolds }))
     const effect = restore(body) as Effect.Effect<A, E, never>
     let fiber: Fiber.RuntimeFiber<A, E>
     if (immediateDepth < maxImmediateDepth) {
@@ -91,24 +91,24 @@ const runBody = <A, E, R>(
     } else {
       fiber = Runtime.runFork(runtime, effect, { updateRefs: withHolds, immediate: false })
     }
-    for (const held of helds) held.bodies.push(fiber)
+    for (const hold of holds) hold.bodies.push(fiber)
     // a hold lost before the body's fiber was listed (the body may have run already)
-    if (helds.some((held) => held.dead)) fiber.unsafeInterruptAsFork(FiberId.none)
+    if (holds.some((hold) => hold.dead)) fiber.unsafeInterruptAsFork(FiberId.none)
     // the body's scoped resources close before the lease does
     const done = (exit: Exit.Exit<unknown, unknown>) => {
-      for (const held of helds) {
-        const i = held.bodies.indexOf(fiber)
-        if (i !== -1) held.bodies.splice(i, 1)
+      for (const hold of holds) {
+        const i = hold.bodies.indexOf(fiber)
+        if (i !== -1) hold.bodies.splice(i, 1)
       }
       // the lease ends even if a finalizer of the body dies
       return Effect.ensuring(Scope.close(scope, exit), close)
     }
     const ended = (exit: Exit.Exit<A, E>): Effect.Effect<A, E | LockLost> => {
-      const dead = Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause) ? helds.find((held) => held.dead) : undefined
+      const dead = Exit.isFailure(exit) && Cause.isInterruptedOnly(exit.cause) ? holds.find((hold) => hold.dead) : undefined
       if (dead !== undefined) return Effect.zipRight(done(exit), dead.lost)
       // the caller's runtime flags are those it had when it forked the body (it waited with
       // them restored)
-      return inheritsNothing(fiber, parent, parentRefs, forked, holds, flags)
+      return inheritsNothing(fiber, parent, parentRefs, forked, bodyHolds, flags)
         ? Effect.zipRight(done(exit), exit)
         // inherited before the body's scope closes, so that what its finalizers restore
         // (a scoped fiber ref) stays restored; the body's context carries that scope: the
@@ -142,7 +142,7 @@ const inheritsNothing = (
   parent: Fiber.RuntimeFiber<unknown, unknown>,
   parentRefs: FiberRefs.FiberRefs,
   forked: FiberRefs.FiberRefs,
-  holds: HeldLeases,
+  bodyHolds: FiberHolds,
   flags: RuntimeFlags.RuntimeFlags
 ): boolean => {
   const id = body.id()
@@ -158,8 +158,8 @@ const inheritsNothing = (
         RuntimeFlags.WindDown
       )
       if (!RuntimeFlagsPatch.isEmpty(patch)) return false
-    } else if (ref === heldLeases) {
-      if (value !== holds) return false
+    } else if (ref === fiberHolds) {
+      if (value !== bodyHolds) return false
     } else if (forked.locals.get(ref) === stack) {
       // changed by the ref's `fork` alone (as Effect's own fork-scope override in a fiber that
       // `Effect.forEach` forked), which the body never wrote
@@ -198,39 +198,33 @@ type Stack = Arr.NonEmptyReadonlyArray<readonly [FiberId.Single, unknown]>
 const joinsBack = new WeakMap<Stack, boolean>()
 
 /**
- * Runs `body` while holding a lease (waiting forever, or up to `timeoutMs`): the body's own scoped
+ * Runs `body` while holding a lease (waiting as the request says): the body's own scoped
  * resources close before the release, and the body is interrupted with `LockLost` if the lease is
  * lost. No scope is made for the lease: it ends when the body does.
  */
 export const runUnderLease = <A, E, R>(
   body: Body<A, E, R>,
-  spec: LockSpec,
-  permits: number,
-  timeoutMs: number | undefined,
-  retry?: Retry
+  leaseRequest: LeaseRequest
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
   Effect.uninterruptibleMask((restore) =>
-    Effect.flatMap(takeGrant(spec, permits, timeoutMs, retry, restore), (grant) =>
-      // only a zero timeout ends without a grant or a LockTimeout, and withLock never makes one
+    Effect.flatMap(takeGrant(leaseRequest, restore), (grant) =>
+      // only a single attempt ends without a grant or a LockTimeout, and withLock never makes one
       Option.isNone(grant)
         ? Effect.dieMessage("lockstep: a waiting acquisition ended without a lease")
         : runGranted(grant.value, body, restore))
   )
 
 /**
- * `runUnderLease` when the lock is free within `waitMs` (0: a single attempt): `Some` of what the body
- * returned, or `None` without running it.
+ * `runUnderLease` when the lock is granted at once (or within the request's timeout): `Some` of
+ * what the body returned, or `None` without running it.
  */
 export const runUnderLeaseIfGranted = <A, E, R>(
   body: Body<A, E, R>,
-  spec: LockSpec,
-  permits: number,
-  waitMs: number,
-  retry?: Retry
+  leaseRequest: LeaseRequest
 ): Effect.Effect<Option.Option<A>, E | AttemptError | LockLost, Exclude<R, Scope.Scope>> =>
   Effect.uninterruptibleMask((restore) =>
     Effect.flatMap(
-      Effect.catchTag(takeGrant(spec, permits, waitMs, retry, restore), "LockTimeout", () => Effect.succeedNone),
+      Effect.catchTag(takeGrant(leaseRequest, restore), "LockTimeout", () => Effect.succeedNone),
       (grant) => Option.isNone(grant) ? Effect.succeedNone : Effect.asSome(runGranted(grant.value, body, restore))
     )
   )

@@ -4,9 +4,9 @@
  */
 import { Effect, FiberRef, GlobalValue, Option } from "effect"
 import { SelfDeadlock } from "../LockError.js"
-import * as HeldSet from "./heldSet.js"
-import type { Held } from "./holdRecord.js"
-import { countIn, isLive } from "./holdRecord.js"
+import type { Hold } from "./hold.js"
+import { countIn, isLive } from "./hold.js"
+import * as HoldSet from "./holdSet.js"
 import type { LockSpec } from "./spec.js"
 import { monotonicMillis } from "./time.js"
 
@@ -18,36 +18,36 @@ import { monotonicMillis } from "./time.js"
  * `Fiber.join`) hands the holds it took itself (`taken`, so a join costs what the child took) to
  * the fiber that joins it, whose scope usually owns them.
  */
-export interface HeldLeases {
-  readonly all: HeldSet.HeldSet
-  readonly taken: HeldSet.HeldSet
+export interface FiberHolds {
+  readonly all: HoldSet.HoldSet
+  readonly taken: HoldSet.HoldSet
 }
 
-const noLeases: HeldLeases = { all: HeldSet.empty, taken: HeldSet.empty }
+const noHolds: FiberHolds = { all: HoldSet.empty, taken: HoldSet.empty }
 
-/** `leases` with `held` among the holds and among those taken. */
-export const withHeld = (leases: HeldLeases, held: Held): HeldLeases => ({
-  all: HeldSet.add(leases.all, held),
-  taken: HeldSet.add(leases.taken, held)
+/** `holds` with `hold` among all of them and among those taken. */
+export const withHold = (holds: FiberHolds, hold: Hold): FiberHolds => ({
+  all: HoldSet.add(holds.all, hold),
+  taken: HoldSet.add(holds.taken, hold)
 })
 
-export const heldLeases = GlobalValue.globalValue(
+export const fiberHolds = GlobalValue.globalValue(
   Symbol.for("@lockstep/core/heldLeases/perFiber"),
   () =>
-    FiberRef.unsafeMake<HeldLeases>(noLeases, {
-      fork: () => noLeases,
+    FiberRef.unsafeMake<FiberHolds>(noHolds, {
+      fork: () => noHolds,
       join: (parent, child) => {
         let joined = parent
-        HeldSet.forEach(child.taken, (held) => {
-          const onKey = HeldSet.on(joined.all, held.key)
+        HoldSet.forEach(child.taken, (hold) => {
+          const onKey = HoldSet.on(joined.all, hold.key)
           // a parent's own live re-entrant hold wins over a child's
           if (
-            !isLive(held) || onKey.includes(held) ||
-            (held.reentrant && onKey.some((h) => h.reentrant && isLive(h) && h.backend === held.backend))
+            !isLive(hold) || onKey.includes(hold) ||
+            (hold.reentrant && onKey.some((h) => h.reentrant && isLive(h) && h.backend === hold.backend))
           ) {
             return
           }
-          joined = withHeld(joined, held)
+          joined = withHold(joined, hold)
         })
         return joined
       }
@@ -55,18 +55,18 @@ export const heldLeases = GlobalValue.globalValue(
 )
 
 /** The live holds among `holds` on the lock's key, of every kind. */
-export const liveOn = (holds: HeldLeases, spec: LockSpec): ReadonlyArray<Held> => {
-  const onKey = HeldSet.on(holds.all, spec.key)
+export const liveOn = (holds: FiberHolds, spec: LockSpec): ReadonlyArray<Hold> => {
+  const onKey = HoldSet.on(holds.all, spec.key)
   return onKey.length === 0 ? onKey : onKey.filter((h) => isLive(h) && h.backend === spec.backend)
 }
 
 /** The current fiber's live holds on the lock's key, of every kind. */
-const liveHolds = (spec: LockSpec): Effect.Effect<ReadonlyArray<Held>> => Effect.map(FiberRef.get(heldLeases), (holds) => liveOn(holds, spec))
+const liveHolds = (spec: LockSpec): Effect.Effect<ReadonlyArray<Hold>> => Effect.map(FiberRef.get(fiberHolds), (holds) => liveOn(holds, spec))
 
 /** The holder identity of the current fiber for this lock, if it holds it. */
 export const currentHolder = (spec: LockSpec): Effect.Effect<Option.Option<string>> =>
-  Effect.map(liveHolds(spec), (helds) =>
-    Option.map(Option.fromNullable(helds.find((h) => h.reentrant === spec.reentrant && spec.reentrant)), (h) => h.holder))
+  Effect.map(liveHolds(spec), (holds) =>
+    Option.map(Option.fromNullable(holds.find((h) => h.reentrant === spec.reentrant && spec.reentrant)), (h) => h.holder))
 
 /**
  * Whether the current fiber holds the handle in its mode with a lease whose local deadline has not
@@ -74,22 +74,24 @@ export const currentHolder = (spec: LockSpec): Effect.Effect<Option.Option<strin
  */
 export const isHeldByCurrentFiber = (spec: LockSpec): Effect.Effect<boolean> =>
   Effect.withFiberRuntime((fiber) => {
-    const helds = liveOn(fiber.getFiberRef(heldLeases), spec)
-    if (helds.length === 0) return Effect.succeed(false)
+    const holds = liveOn(fiber.getFiberRef(fiberHolds), spec)
+    if (holds.length === 0) return Effect.succeed(false)
     return Effect.map(monotonicMillis, (now) =>
-      helds.some((h) => countIn(h, spec.mode) > 0 && (spec.reentrant || !h.reentrant) && now < h.deadline))
+      holds.some((h) => countIn(h, spec.mode) > 0 && (spec.reentrant || !h.reentrant) && now < h.deadline))
   })
+
+/** How a hold holds its key, as a self-deadlock explains it. */
+const holdsAs = (hold: Hold): string => (hold.counts.exclusive > 0 ? "exclusively" : `with ${hold.permits} shared permit(s)`)
 
 /**
  * A request that could only be granted once the current fiber released a hold of its own on the
  * key (other than the one it re-enters) would wait forever: say so instead.
  */
-export const selfDeadlock = (spec: LockSpec, permits: number, mine: ReadonlyArray<Held>, reentered: Held | undefined) => {
+export const selfDeadlock = (spec: LockSpec, permits: number, mine: ReadonlyArray<Hold>, reentered: Hold | undefined) => {
   const others = mine.filter((h) => h !== reentered)
   if (others.length === 0) return undefined
-  const describe = (h: Held) => (h.counts.exclusive > 0 ? "exclusively" : `with ${h.permits} shared permit(s)`)
   if (spec.mode === "exclusive") {
-    return new SelfDeadlock({ key: spec.key, reason: `it holds the key ${describe(others[0]!)} under another lock handle` })
+    return new SelfDeadlock({ key: spec.key, reason: `it holds the key ${holdsAs(others[0]!)} under another lock handle` })
   }
   const writer = others.find((h) => h.counts.exclusive > 0)
   if (writer !== undefined) {

@@ -6,7 +6,7 @@ import type { HolderState } from "../LockBackend.js"
 import type { BackendError, LockLost, LockTimeout } from "../LockError.js"
 import { InvalidLockOptions } from "../LockError.js"
 import type { AcquireOptions, Options, TryAcquireOptions } from "../Lock.js"
-import type { AttemptError } from "./acquisition.js"
+import type { AttemptError, Waiting } from "./acquisition.js"
 import { scopedLease } from "./acquisition.js"
 import { runUnderLease, runUnderLeaseIfGranted } from "./criticalSection.js"
 import * as fiberHolds from "./fiberHolds.js"
@@ -58,14 +58,32 @@ export const makeSpec = (
     }
   })
 
-/** `undefined` (or an infinite duration) waits forever. */
-export const timeoutMillis = (timeout: Duration.DurationInput | undefined): Effect.Effect<number | undefined, InvalidLockOptions> =>
-  timeout === undefined
-    ? Effect.succeed(undefined)
-    : Effect.map(
-      validate.optionalMillis("timeout", timeout, { allowInfinite: true }),
-      (ms) => (ms === Infinity ? undefined : ms)
-    )
+/** How long an acquisition may wait in ms: `Infinity` (forever) without a timeout, or for an infinite one. */
+export const timeoutMillis = (timeout: Duration.DurationInput | undefined): Effect.Effect<number, InvalidLockOptions> =>
+  timeout === undefined ? succeedInfinity : validate.millis("timeout", timeout, { allowInfinite: true })
+
+const succeedInfinity = Effect.succeed(Infinity)
+
+// the options' usual case, shared rather than made per call
+const waitForever: Waiting = { singleAttempt: false, timeoutMs: Infinity, retry: undefined }
+const succeedWaitForever = Effect.succeed(waitForever)
+const succeedTryOnce = Effect.succeed<Waiting>({ singleAttempt: true, timeoutMs: 0, retry: undefined })
+
+/** A waiting acquisition: up to `timeout` (positive; forever without one). */
+export const waitingOf = (options: AcquireOptions | undefined): Effect.Effect<Waiting, InvalidLockOptions> =>
+  options?.timeout === undefined && options?.retry === undefined
+    ? succeedWaitForever
+    : Effect.map(timeoutMillis(options.timeout), (timeoutMs) => ({ singleAttempt: false, timeoutMs, retry: options.retry }))
+
+/** A try: a single attempt, or (with `wait`, positive and finite) waiting at most that long. */
+export const tryingOf = (options: TryAcquireOptions | undefined): Effect.Effect<Waiting, InvalidLockOptions> => {
+  if (options?.wait === undefined) {
+    return options?.retry === undefined
+      ? succeedTryOnce
+      : Effect.succeed({ singleAttempt: true, timeoutMs: 0, retry: options.retry })
+  }
+  return Effect.map(validate.millis("wait", options.wait), (timeoutMs) => ({ singleAttempt: false, timeoutMs, retry: options.retry }))
+}
 
 /** Waits for a lease (forever, or up to the timeout) in the current scope. */
 export const acquire = (
@@ -73,16 +91,12 @@ export const acquire = (
   permits: number,
   options: AcquireOptions | undefined
 ): Effect.Effect<Lease, AttemptError | LockTimeout, Scope.Scope> =>
-  Effect.flatMap(timeoutMillis(options?.timeout), (ms) =>
-    Effect.flatMap(scopedLease(spec, permits, ms, options?.retry), (lease) =>
+  Effect.flatMap(waitingOf(options), (waiting) =>
+    Effect.flatMap(scopedLease({ spec, permits, ...waiting }), (lease) =>
       Option.isSome(lease)
         ? Effect.succeed(lease.value)
-        // only a zero timeout ends without a grant or a LockTimeout, and it is refused above
+        // only a single attempt ends without a grant or a LockTimeout, and this never makes one
         : Effect.dieMessage("lockstep: a waiting acquisition ended without a lease")))
-
-/** How long a try may wait: a single attempt (0) unless `wait` (positive, finite) says otherwise. */
-export const waitMillis = (wait: Duration.DurationInput | undefined): Effect.Effect<number, InvalidLockOptions> =>
-  wait === undefined ? Effect.succeed(0) : validate.millis("wait", wait)
 
 /** One attempt, or waiting at most `wait`: `None` if the lock was not granted. */
 export const tryAcquire = (
@@ -90,8 +104,8 @@ export const tryAcquire = (
   permits: number,
   options: TryAcquireOptions | undefined
 ): Effect.Effect<Option.Option<Lease>, AttemptError, Scope.Scope> =>
-  Effect.flatMap(waitMillis(options?.wait), (ms) =>
-    Effect.catchTag(scopedLease(spec, permits, ms, options?.retry), "LockTimeout", () => Effect.succeedNone))
+  Effect.flatMap(tryingOf(options), (waiting) =>
+    Effect.catchTag(scopedLease({ spec, permits, ...waiting }), "LockTimeout", () => Effect.succeedNone))
 
 /**
  * Runs `body` while holding a lease: the body's own scoped resources close before the release,
@@ -103,9 +117,10 @@ export const withLease = <A, E, R>(
   permits: number,
   options: AcquireOptions | undefined
 ): Effect.Effect<A, E | AttemptError | LockTimeout | LockLost, Exclude<R, Scope.Scope>> =>
+  // no timeout, the usual case: nothing to validate, no step of its own
   options?.timeout === undefined
-    ? runUnderLease(body, spec, permits, undefined, options?.retry)
-    : Effect.flatMap(timeoutMillis(options.timeout), (ms) => runUnderLease(body, spec, permits, ms, options.retry))
+    ? runUnderLease(body, { spec, permits, singleAttempt: false, timeoutMs: Infinity, retry: options?.retry })
+    : Effect.flatMap(waitingOf(options), (waiting) => runUnderLease(body, { spec, permits, ...waiting }))
 
 /** Runs `body` under a lease if one is granted at once (or within `wait`): `Some` of its result, else `None`. */
 export const withLeaseIfAvailable = <A, E, R>(
@@ -114,7 +129,7 @@ export const withLeaseIfAvailable = <A, E, R>(
   permits: number,
   options: TryAcquireOptions | undefined
 ): Effect.Effect<Option.Option<A>, E | AttemptError | LockLost, Exclude<R, Scope.Scope>> =>
-  Effect.flatMap(waitMillis(options?.wait), (ms) => runUnderLeaseIfGranted(body, spec, permits, ms, options?.retry))
+  Effect.flatMap(tryingOf(options), (waiting) => runUnderLeaseIfGranted(body, { spec, permits, ...waiting }))
 
 /** Whether the current fiber holds the handle, from its own records. */
 export const isHeldByCurrentFiber = (spec: LockSpec): Effect.Effect<boolean> => fiberHolds.isHeldByCurrentFiber(spec)

@@ -83,51 +83,94 @@ const keepers = GlobalValue.globalValue(
 export const keeperOf = (backend: Service): Keeper => {
   let keeper = keepers.get(backend)
   if (keeper === undefined) {
-    keeper = makeKeeper(backend)
+    keeper = new BackendKeeper(backend)
     keepers.set(backend, keeper)
   }
   return keeper
 }
 
-const makeKeeper = (backend: Service): Keeper => {
-  const heap = new Heap<Entry>()
-  let live = 0
+/**
+ * The keeper's state and its loop fiber. Methods are arrow functions: they are handed to Effect
+ * as callbacks.
+ */
+class BackendKeeper implements Keeper {
+  readonly heap = new Heap<Entry>()
+  live = 0
   /** Whether a loop fiber exists (running, or sleeping in `sleeper`). */
-  let running = false
+  running = false
   /** The loop fiber while it sleeps, and until when. */
-  let sleeper: Fiber.RuntimeFiber<unknown, unknown> | undefined
-  let sleepingUntil = Infinity
+  sleeper: Fiber.RuntimeFiber<unknown, unknown> | undefined = undefined
+  sleepingUntil = Infinity
   /** Bumped when a loop is replaced: an older loop stops and leaves the state alone. */
-  let generation = 0
+  generation = 0
   /** The loop's timer while it sleeps on the live clock: it keeps the process alive only while holds are live. */
-  let timer: ReturnType<typeof setTimeout> | undefined
+  timer: ReturnType<typeof setTimeout> | undefined = undefined
+
+  constructor(readonly backend: Service) {}
+
+  readonly add = (entry: Entry): Effect.Effect<void> | undefined => {
+    this.live++
+    this.timer?.ref()
+    const at = this.schedule(entry)
+    if (!this.running) {
+      this.running = true
+      this.generation++
+      return this.startLoop()
+    }
+    // the sleeping loop looks again in time for it
+    if (this.sleeper === undefined || at >= this.sleepingUntil) return undefined
+    return this.replaceSleeper()
+  }
+
+  readonly remove = (entry: Entry): void => {
+    if (entry.done) return
+    entry.done = true
+    this.heap.remove(entry)
+    // the loop is left to its sleep: it ends there if nothing came since, and a hold taken
+    // meanwhile (a lock taken again and again) needs no new fiber
+    this.live--
+    if (this.live > 0) return
+    if (this.timer !== undefined) {
+      this.timer.unref()
+    } else if (this.sleeper !== undefined) {
+      // a sleep on another clock (a TestClock, or the live clock of another copy of effect,
+      // as where each package has its own): its timer cannot be unreffed and would keep the
+      // process alive until the next renewal, so the loop ends now; the next hold starts one
+      const idle = this.sleeper
+      this.sleeper = undefined
+      this.sleepingUntil = Infinity
+      this.generation++
+      this.running = false
+      idle.unsafeInterruptAsFork(FiberId.none)
+    }
+  }
 
   /**
    * The loop's sleep. On the live clock it is a timer of its own, so that once the last hold is
    * gone (the loop sleeps on, for the next hold) the timer stops keeping the process alive: a
    * program that released its locks exits at once, not at the next renewal time.
    */
-  const sleep = (ms: number): Effect.Effect<void> =>
+  private readonly sleep = (ms: number): Effect.Effect<void> =>
     Effect.clockWith((clock) =>
       clock !== liveClock
         ? Effect.sleep(Duration.millis(ms))
         : Effect.async<void>((resume) => {
           const own = setTimeout(() => {
-            if (timer === own) timer = undefined
+            if (this.timer === own) this.timer = undefined
             resume(Effect.void)
           }, ms)
-          timer = own
-          if (live === 0) own.unref()
+          this.timer = own
+          if (this.live === 0) own.unref()
           return Effect.sync(() => {
             clearTimeout(own)
-            if (timer === own) timer = undefined
+            if (this.timer === own) this.timer = undefined
           })
         })
     )
 
-  const schedule = (entry: Entry): number => {
+  private readonly schedule = (entry: Entry): number => {
     const at = dueAt(entry)
-    heap.set(entry, at)
+    this.heap.set(entry, at)
     return at
   }
 
@@ -136,32 +179,33 @@ const makeKeeper = (backend: Service): Keeper => {
    * plain `Effect.sleep` taken right after reading the clock: a race against a wake-up signal
    * would fork fibers, and a TestClock moved in between would be read late.)
    */
-  const wakeAt = (at: number): Effect.Effect<void> =>
+  private readonly wakeAt = (at: number): Effect.Effect<void> =>
     Effect.suspend(() => {
-      if (sleeper === undefined || at >= sleepingUntil) return Effect.void
-      return replaceSleeper()
+      if (this.sleeper === undefined || at >= this.sleepingUntil) return Effect.void
+      return this.replaceSleeper()
     })
 
   /** Interrupts the sleeping loop and starts another. */
-  const replaceSleeper = (): Effect.Effect<void> =>
+  private readonly replaceSleeper = (): Effect.Effect<void> =>
     Effect.suspend(() => {
-      if (sleeper === undefined) return Effect.void
-      const old = sleeper
-      sleeper = undefined
-      sleepingUntil = Infinity
-      generation++
+      if (this.sleeper === undefined) return Effect.void
+      const old = this.sleeper
+      this.sleeper = undefined
+      this.sleepingUntil = Infinity
+      this.generation++
       old.unsafeInterruptAsFork(FiberId.none)
-      return startLoop()
+      return this.startLoop()
     })
 
   /**
    * A new loop fiber. Interruptible, whoever starts it (a grant runs uninterruptibly): replacing a
    * sleeping loop interrupts it, which must cancel its timer rather than leave it running.
    */
-  const startLoop = () => Effect.asVoid(Effect.forkDaemon(Effect.interruptible(loop(generation))))
+  private readonly startLoop = () => Effect.asVoid(Effect.forkDaemon(Effect.interruptible(this.loop(this.generation))))
 
-  const renew = (batch: ReadonlyArray<Entry>, sentAt: number) =>
-    backend.renew(batch.map((entry) => ({ key: entry.key, holder: entry.holder, leaseMs: leaseOf(entry) }))).pipe(
+  /** One batch of renewals, sent at `sentAt`; each answer moves its entry's deadline or loses it. */
+  private readonly renew = (batch: ReadonlyArray<Entry>, sentAt: number) =>
+    this.backend.renew(batch.map((entry) => ({ key: entry.key, holder: entry.holder, leaseMs: leaseOf(entry) }))).pipe(
       Effect.either,
       Effect.zip(monotonicMillis),
       Effect.flatMap(([answers, answeredAt]) => {
@@ -184,90 +228,53 @@ const makeKeeper = (backend: Service): Keeper => {
               entry.deadline = Math.max(entry.deadline, sentAt + leaseMs - driftMs(leaseMs))
             }
             // any other failure is retried at the next grid point, until the deadline decides
-            earliest = Math.min(earliest, schedule(entry))
+            earliest = Math.min(earliest, this.schedule(entry))
             return Effect.void
           }, { discard: true }),
           Effect.suspend(() => {
             recordRenewals((answeredAt - sentAt) / 1000, counts)
-            return wakeAt(earliest)
+            return this.wakeAt(earliest)
           })
         )
       })
     )
 
-  const loop = (self: number): Effect.Effect<void> =>
-    Effect.gen(function*() {
-      while (live > 0 && self === generation) {
+  /** The loop of generation `self`: loses what is past its deadline, renews what is due, sleeps. */
+  private readonly loop = (self: number): Effect.Effect<void> =>
+    Effect.gen(this, function*() {
+      while (this.live > 0 && self === this.generation) {
         const now = yield* monotonicMillis
         const batch: Array<Entry> = []
-        while (heap.size > 0 && heap.peek()!.at <= now) {
-          const entry = heap.peek()!
+        while (this.heap.size > 0 && this.heap.peek()!.at <= now) {
+          const entry = this.heap.peek()!
           if (now >= entry.deadline) {
-            heap.remove(entry)
+            this.heap.remove(entry)
             // forked: a lost hold's release must not hold up the others' deadlines
             yield* Effect.forkDaemon(entry.onLost("DeadlinePassed"))
             continue
           }
           entry.renewing = true
           entry.attemptedAt = now
-          schedule(entry)
+          this.schedule(entry)
           batch.push(entry)
         }
         // forked: deadlines keep being watched while a renewal is in flight
-        if (batch.length > 0) yield* Effect.forkDaemon(renew(batch, now))
-        if (live === 0 || self !== generation) break
-        const next = heap.size > 0 ? heap.peek()!.at : Infinity
+        if (batch.length > 0) yield* Effect.forkDaemon(this.renew(batch, now))
+        if (this.live === 0 || self !== this.generation) break
+        const next = this.heap.size > 0 ? this.heap.peek()!.at : Infinity
         yield* Effect.withFiberRuntime((fiber) => {
-          sleeper = fiber
-          sleepingUntil = next
+          this.sleeper = fiber
+          this.sleepingUntil = next
           return Effect.void
         })
-        yield* sleep(Math.min(maxSleepMs, Math.max(0, next - now)))
-        sleeper = undefined
-        sleepingUntil = Infinity
+        yield* this.sleep(Math.min(maxSleepMs, Math.max(0, next - now)))
+        this.sleeper = undefined
+        this.sleepingUntil = Infinity
       }
     }).pipe(Effect.ensuring(Effect.sync(() => {
-      if (self !== generation) return
-      running = false
-      sleeper = undefined
-      sleepingUntil = Infinity
+      if (self !== this.generation) return
+      this.running = false
+      this.sleeper = undefined
+      this.sleepingUntil = Infinity
     })))
-
-  return {
-    add: (entry) => {
-      live++
-      timer?.ref()
-      const at = schedule(entry)
-      if (!running) {
-        running = true
-        generation++
-        return startLoop()
-      }
-      // the sleeping loop looks again in time for it
-      if (sleeper === undefined || at >= sleepingUntil) return undefined
-      return replaceSleeper()
-    },
-    remove: (entry) => {
-      if (entry.done) return
-      entry.done = true
-      heap.remove(entry)
-      // the loop is left to its sleep: it ends there if nothing came since, and a hold taken
-      // meanwhile (a lock taken again and again) needs no new fiber
-      live--
-      if (live > 0) return
-      if (timer !== undefined) {
-        timer.unref()
-      } else if (sleeper !== undefined) {
-        // a sleep on another clock (a TestClock, or the live clock of another copy of effect,
-        // as where each package has its own): its timer cannot be unreffed and would keep the
-        // process alive until the next renewal, so the loop ends now; the next hold starts one
-        const idle = sleeper
-        sleeper = undefined
-        sleepingUntil = Infinity
-        generation++
-        running = false
-        idle.unsafeInterruptAsFork(FiberId.none)
-      }
-    }
-  }
 }

@@ -27,17 +27,18 @@ export const validCount = (count: number): Effect.Effect<number, InvalidLockOpti
  */
 export const awaitZero = (
   spec: LatchSpec,
-  timeoutMs: number | undefined
+  /** `Infinity`: no limit. */
+  timeoutMs: number
 ): Effect.Effect<void, BackendError | InvalidLockOptions | LockTimeout> =>
   Effect.gen(function*() {
     const startedAt = yield* monotonicMillis
-    const deadline = timeoutMs === undefined ? Infinity : startedAt + timeoutMs
+    const deadline = startedAt + timeoutMs
     const subscription = yield* spec.backend.latchSubscribe(spec.key, `${spec.backend.clientId}:latch:${++waiterCounter.next}`)
     while (true) {
       if ((yield* spec.backend.latchCount(spec.key)) === 0) return
       const now = yield* monotonicMillis
       if (now >= deadline) {
-        return yield* new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs ?? Infinity) })
+        return yield* new LockTimeout({ key: spec.key, timeout: Duration.millis(timeoutMs) })
       }
       yield* awaitWakeUp(subscription, spec.recheckMs, deadline - now)
     }

@@ -1,22 +1,22 @@
 /**
- * A lease's life: bound to its holder's record when granted, and closed once, which releases its
- * hold and, for the last lease of the record, ends the record.
+ * A lease's life: bound to its holder's hold when granted, and closed once, which releases its
+ * share of the hold and, for the last lease of the hold, ends the hold.
  */
 import { Duration, Effect, FiberRef } from "effect"
 import type { Lease, LeaseState } from "../Lease.js"
 import type { AcquireRequest, HoldMode } from "../LockBackend.js"
 import type { LockLost } from "../LockError.js"
-import { heldLeases } from "./fiberHolds.js"
-import * as HeldSet from "./heldSet.js"
-import type { Held } from "./holdRecord.js"
-import { countIn, isLive, unsafeStartHeld } from "./holdRecord.js"
+import { fiberHolds } from "./fiberHolds.js"
+import type { Hold } from "./hold.js"
+import { countIn, isLive, unsafeStartHold } from "./hold.js"
+import * as HoldSet from "./holdSet.js"
 import type { LockSpec } from "./spec.js"
 
-/** Where a lease keeps its holder's record, for `whileHeld`. */
-const heldOf = Symbol.for("@lockstep/core/Lease/held")
+/** Where a lease keeps its holder's hold, for `whileHeld`. */
+const holdKey = Symbol.for("@lockstep/core/Lease/held")
 
-/** The holder's record behind a lease made here. */
-export const recordOf = (lease: Lease): Held => (lease as Lease & { readonly [heldOf]: Held })[heldOf]
+/** The holder's hold behind a lease made here. */
+export const holdOf = (lease: Lease): Hold => (lease as Lease & { readonly [holdKey]: Hold })[holdKey]
 
 /**
  * A granted lease and what ends it (once; later calls do nothing). Tagged: it is also the outcome
@@ -31,43 +31,46 @@ export interface Grant {
 const noTimeLeft = Effect.succeed(Duration.zero)
 
 /**
- * A lease: one acquisition's view of its holder's record, which re-entrant leases share. Once
- * closed it answers for itself (no time left, released) whatever the record does next.
+ * A lease: one acquisition's view of its holder's hold, which re-entrant leases share. It keeps
+ * only what is its own (mode, permits, how it ended) and reads the rest from the hold. Once
+ * closed it answers for itself (no time left, released) whatever the hold does next.
  */
 class LeaseImpl implements Lease {
   /** How the lease ended, once its scope closed. */
   ended: "Released" | "Lost" | undefined = undefined
-  readonly [heldOf]: Held
-  constructor(
-    readonly key: string,
-    readonly holder: string,
-    readonly mode: HoldMode,
-    readonly permits: number,
-    readonly fence: number,
-    record: Held
-  ) {
-    this[heldOf] = record
+  readonly [holdKey]: Hold
+  constructor(readonly mode: HoldMode, readonly permits: number, hold: Hold) {
+    this[holdKey] = hold
+  }
+  get key(): string {
+    return this[holdKey].key
+  }
+  get holder(): string {
+    return this[holdKey].holder
+  }
+  get fence(): number {
+    return this[holdKey].fence
   }
   // getters: nothing is allocated per lease unless asked; each effect reads the lease when run,
   // so one kept past the lease's scope answers for then
   get expiresIn(): Effect.Effect<Duration.Duration> {
-    return Effect.suspend(() => (this.ended !== undefined || this[heldOf].dead ? noTimeLeft : this[heldOf].expiresIn))
+    return Effect.suspend(() => (this.ended !== undefined || this[holdKey].dead ? noTimeLeft : this[holdKey].expiresIn))
   }
   get lost(): Effect.Effect<never, LockLost> {
-    return this[heldOf].lost
+    return this[holdKey].lost
   }
   get state(): Effect.Effect<LeaseState> {
-    return Effect.sync(() => this.ended ?? (this[heldOf].dead ? "Lost" : "Held"))
+    return Effect.sync(() => this.ended ?? (this[holdKey].dead ? "Lost" : "Held"))
   }
 }
 
 /**
- * Binds a grant to the lease's scope: joins the holder's live record (re-entry) or starts a new
- * one with its watchdog, and registers the release. The last lease of a record to close stops the
- * watchdog; every lease releases its own hold. Where the record is held (the scope owner's fiber,
+ * Binds a grant to the lease's scope: joins the holder's live hold (re-entry) or starts a new
+ * one with its watchdog, and registers the release. The last lease of a hold to close stops the
+ * watchdog; every lease releases its own count. Where the hold is kept (the scope owner's fiber,
  * or withLock's body) is the caller's business. It binds when called (as it is, where the grant's
  * reply is handled): the effect returned only finishes what the keeper has left to do.
- * `claimMs`: the grant is a hand-off's claim (see `HandOff`), which the record holds until
+ * `claimMs`: the grant is a hand-off's claim (see `HandOff`), which the hold keeps until
  * `sentAt` + `claimMs` unless it confirms it sooner.
  */
 export const attach = (
@@ -75,18 +78,18 @@ export const attach = (
   request: AcquireRequest,
   fence: number,
   sentAt: number,
-  found: Held | undefined,
+  found: Hold | undefined,
   claimMs?: number
 ): Effect.Effect<Grant> => {
-  const bind = (record: Held): Grant => {
-    if (spec.mode === "exclusive") record.counts.exclusive = request.count
-    else record.counts.shared = request.count
-    const lease = new LeaseImpl(spec.key, request.holder, spec.mode, request.permits, fence, record)
+  const bind = (hold: Hold): Grant => {
+    if (spec.mode === "exclusive") hold.counts.exclusive = request.count
+    else hold.counts.shared = request.count
+    const lease = new LeaseImpl(spec.mode, request.permits, hold)
     const close = Effect.suspend(() => {
       if (lease.ended !== undefined) return Effect.void
       // a hold lost before this lease closed stays lost: its release was never confirmed
-      lease.ended = record.dead ? "Lost" : "Released"
-      return closeLease(spec, record)
+      lease.ended = hold.dead ? "Lost" : "Released"
+      return closeLease(spec, hold)
     })
     return { _tag: "Granted", lease, close }
   }
@@ -94,42 +97,42 @@ export const attach = (
     found.leases++
     return Effect.succeed(bind(found))
   }
-  const [record, keeping] = unsafeStartHeld(spec, request, fence, sentAt, claimMs)
-  const grant = bind(record)
+  const [hold, keeping] = unsafeStartHold(spec, request, fence, sentAt, claimMs)
+  const grant = bind(hold)
   return keeping === undefined ? Effect.succeed(grant) : Effect.as(keeping, grant)
 }
 
 /**
- * One lease of `record` closes: its hold is released (unless the hold was lost, which released
- * it); the last one ends the record, which the keeper and the fiber forget.
+ * One lease of `hold` closes: its count is released (unless the hold was lost, which released
+ * it); the last one ends the hold, which the keeper and the fiber forget.
  */
-const closeLease = (spec: LockSpec, record: Held): Effect.Effect<void> =>
+const closeLease = (spec: LockSpec, hold: Hold): Effect.Effect<void> =>
   Effect.withFiberRuntime((fiber) => {
-    record.leases--
-    const count = countIn(record, spec.mode)
-    if (spec.mode === "exclusive") record.counts.exclusive = Math.max(0, count - 1)
-    else record.counts.shared = Math.max(0, count - 1)
-    const released = record.dead ? Effect.void : release(spec, record, count)
-    if (record.leases > 0) return released
-    record.stop()
-    // the fiber closing the last lease forgets the record, if it has it (withLock's caller never does)
-    const leases = fiber.getFiberRef(heldLeases)
-    if (!HeldSet.has(leases.all, record) && !HeldSet.has(leases.taken, record)) return released
+    hold.leases--
+    const count = countIn(hold, spec.mode)
+    if (spec.mode === "exclusive") hold.counts.exclusive = Math.max(0, count - 1)
+    else hold.counts.shared = Math.max(0, count - 1)
+    const released = hold.dead ? Effect.void : release(spec, hold, count)
+    if (hold.leases > 0) return released
+    hold.stop()
+    // the fiber closing the last lease forgets the hold, if it has it (withLock's caller never does)
+    const holds = fiber.getFiberRef(fiberHolds)
+    if (!HoldSet.has(holds.all, hold) && !HoldSet.has(holds.taken, hold)) return released
     return Effect.zipRight(
-      FiberRef.set(heldLeases, {
-        all: HeldSet.remove(leases.all, record),
-        taken: HeldSet.remove(leases.taken, record)
+      FiberRef.set(fiberHolds, {
+        all: HoldSet.remove(holds.all, hold),
+        taken: HoldSet.remove(holds.taken, hold)
       }),
       released
     )
   })
 
-/** Releases one hold of the record's holder: its count in the lock's mode goes from `count` down by one. */
-const release = (spec: LockSpec, record: Held, count: number): Effect.Effect<void> =>
+/** Releases one count of the hold's holder: its count in the lock's mode goes from `count` down by one. */
+const release = (spec: LockSpec, hold: Hold, count: number): Effect.Effect<void> =>
   Effect.matchEffect(
-    spec.backend.release({ key: spec.key, holder: record.holder, mode: spec.mode, count, leaseMs: record.leaseMs }),
+    spec.backend.release({ key: spec.key, holder: hold.holder, mode: spec.mode, count, leaseMs: hold.leaseMs }),
     {
       onSuccess: () => Effect.void,
-      onFailure: (error) => Effect.logWarning(`lockstep: release of "${spec.key}" by ${record.holder} failed`, error.message)
+      onFailure: (error) => Effect.logWarning(`lockstep: release of "${spec.key}" by ${hold.holder} failed`, error.message)
     }
   )

@@ -1,5 +1,5 @@
 /** What a lock handle is made of, fixed at `make`, and the shapes its operations share. */
-import type { Effect } from "effect"
+import { Effect } from "effect"
 import type { Lease } from "../Lease.js"
 import type { AcquireOptions } from "../Lock.js"
 import type { HoldMode, Service } from "../LockBackend.js"
@@ -33,6 +33,9 @@ export type Retry = AcquireOptions["retry"]
 
 /** A critical section: an effect, or a function of the lease that makes one. */
 export type Body<A, E, R> = Effect.Effect<A, E, R> | ((lease: Lease) => Effect.Effect<A, E, R>)
+
+/** Whether a dual's first argument is a body (then the call is data-first). */
+export const isBody = (u: unknown): boolean => Effect.isEffect(u) || typeof u === "function"
 
 /** What `Effect.uninterruptibleMask` hands its body: where it may be interrupted. */
 export type Restore = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>

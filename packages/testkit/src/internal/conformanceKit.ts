@@ -99,7 +99,7 @@ export interface Contention {
 }
 
 /** A lease held by a fiber of its own (see `Kit.hold`). */
-export interface Held<E> {
+export interface HeldLease<E> {
   readonly lease: Lease
   readonly fiber: Fiber.RuntimeFiber<void, E>
   readonly release: Effect.Effect<void, E>
@@ -134,7 +134,7 @@ export interface Kit {
    * Holds a lease in a fiber of its own until `release` runs. Call it from a fiber that holds
    * nothing, so the holder is a different identity.
    */
-  readonly hold: <E, R>(acquire: Effect.Effect<Lease, E, R>) => Effect.Effect<Held<E>, never, Exclude<R, Scope.Scope>>
+  readonly hold: <E, R>(acquire: Effect.Effect<Lease, E, R>) => Effect.Effect<HeldLease<E>, never, Exclude<R, Scope.Scope>>
   readonly withBackend: <A, E>(self: Effect.Effect<A, E, LockBackend>) => Effect.Effect<A, E>
   /**
    * Runs `self` on a backend whose every grant and release is recorded (as the lock API sees

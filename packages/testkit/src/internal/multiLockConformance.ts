@@ -9,17 +9,24 @@ import { failureOf, range } from "./conformanceKit.js"
 
 /** The multi-lock scenarios, over parts that all live on the suite's backend. */
 export const register = (kit: Kit): void => {
-  const { advance, assertFree, everyKind, freshKey, handOff, hold, live, promptly, settle, shortMs, waiterTimeout, withBackend } = kit
+  waiting(kit)
+  endings(kit)
+}
 
-  const threeLocks = (label: string) =>
-    Effect.gen(function*() {
-      const keys = [yield* freshKey(`${label}-a`), yield* freshKey(`${label}-b`), yield* freshKey(`${label}-c`)]
-      return { keys, locks: yield* Effect.forEach(keys, (key) => Lock.make(key)) }
-    })
+/** Three fresh keys and a lock on each. */
+const threeLocks = (kit: Kit, label: string) =>
+  Effect.gen(function*() {
+    const keys = [yield* kit.freshKey(`${label}-a`), yield* kit.freshKey(`${label}-b`), yield* kit.freshKey(`${label}-c`)]
+    return { keys, locks: yield* Effect.forEach(keys, (key) => Lock.make(key)) }
+  })
+
+/** How a multi-lock waits for its parts: the bound, hand-offs, overlapping sets. */
+const waiting = (kit: Kit): void => {
+  const { advance, assertFree, everyKind, freshKey, handOff, hold, promptly, settle, waiterTimeout, withBackend } = kit
 
   everyKind("MultiLock: a part held long is waited for holding nothing else once the bound passes; then all are held", () =>
     withBackend(Effect.gen(function*() {
-      const { keys, locks } = yield* threeLocks("multi-wait")
+      const { keys, locks } = yield* threeLocks(kit, "multi-wait")
       const [a, b, c] = locks as [Lock.Lock, Lock.Lock, Lock.Lock]
       const busy = yield* hold(Lock.acquire(b))
       const multi = yield* MultiLock.make(c, b, a)
@@ -61,7 +68,7 @@ export const register = (kit: Kit): void => {
 
   everyKind("MultiLock: overlapping sets in opposite orders never deadlock and never overlap", () =>
     withBackend(Effect.gen(function*() {
-      const { keys, locks } = yield* threeLocks("multi-overlap")
+      const { keys, locks } = yield* threeLocks(kit, "multi-overlap")
       const [a, b, c] = locks as [Lock.Lock, Lock.Lock, Lock.Lock]
       const forward = yield* MultiLock.make(a, b)
       const backward = yield* MultiLock.make(c, b)
@@ -98,10 +105,15 @@ export const register = (kit: Kit): void => {
       assert.deepStrictEqual(violations, [])
       for (const key of keys) yield* assertFree(key)
     })))
+}
+
+/** How a multi-lock's acquisition or hold ends: timeouts, interruptions, a lost part; and re-entry. */
+const endings = (kit: Kit): void => {
+  const { advance, assertFree, everyKind, hold, live, settle, shortMs, withBackend } = kit
 
   everyKind("MultiLock: a timeout or an interruption while waiting, and a busy tryAcquire, leave nothing held", () =>
     withBackend(Effect.gen(function*() {
-      const { keys, locks } = yield* threeLocks("multi-timeout")
+      const { keys, locks } = yield* threeLocks(kit, "multi-timeout")
       const [a, b] = locks as [Lock.Lock, Lock.Lock]
       const fair = yield* FairLock.make(keys[2]!)
       const multi = yield* MultiLock.make(a, b, fair)
@@ -130,7 +142,7 @@ export const register = (kit: Kit): void => {
   everyKind("MultiLock: an interruption at any step releases the parts taken at once, not when the scope closes", () =>
     withBackend(Effect.gen(function*() {
       for (const steps of range(16)) {
-        const { keys, locks } = yield* threeLocks(`multi-interrupt-${steps}`)
+        const { keys, locks } = yield* threeLocks(kit, `multi-interrupt-${steps}`)
         const multi = yield* MultiLock.make(...locks)
         const scope = yield* Scope.make()
         const fiber = yield* Effect.fork(Scope.extend(MultiLock.acquire(multi), scope))
@@ -146,7 +158,7 @@ export const register = (kit: Kit): void => {
 
   everyKind("MultiLock: losing one part fails lost and interrupts the withLock body; the others are released", () =>
     withBackend(Effect.gen(function*() {
-      const { keys } = yield* threeLocks("multi-lost")
+      const { keys } = yield* threeLocks(kit, "multi-lost")
       const steady = yield* Lock.make(keys[0]!)
       const expiring = yield* Lock.make(keys[1]!, { lease: Duration.millis(shortMs) })
       const multi = yield* MultiLock.make(steady, expiring)
@@ -177,7 +189,7 @@ export const register = (kit: Kit): void => {
 
   everyKind("MultiLock: parts re-enter held locks, and the body re-enters the parts", () =>
     withBackend(Effect.gen(function*() {
-      const { keys, locks } = yield* threeLocks("multi-reenter")
+      const { keys, locks } = yield* threeLocks(kit, "multi-reenter")
       const [a, b] = locks as [Lock.Lock, Lock.Lock]
       const rw = yield* ReadWriteLock.make(keys[2]!)
       const multi = yield* MultiLock.make(a, b, rw.read)

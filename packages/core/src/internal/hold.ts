@@ -1,6 +1,6 @@
 /**
- * One holder's record of its holds on a key: the counts the backend was told, the local deadline
- * the keeper watches and renews, and the loss of the hold.
+ * A holder's hold on a key: the counts the backend was told, the local deadline the keeper watches
+ * and renews, and the loss of the hold. Every lease of the holder on the key reads it.
  */
 import { Deferred, Duration, Effect, FiberId } from "effect"
 import type { Fiber } from "effect"
@@ -12,12 +12,12 @@ import * as metrics from "./metrics.js"
 import type { LockSpec } from "./spec.js"
 import { driftMs, monotonicMillis } from "./time.js"
 
-/** Whether the record still holds: some lease of it is open and the hold was not lost. */
-export const isLive = (held: Held): boolean => held.leases > 0 && !held.dead
+/** Whether the hold is still held: some lease of it is open and it was not lost. */
+export const isLive = (hold: Hold): boolean => hold.leases > 0 && !hold.dead
 
-/** The record's hold count in `mode`, as the backend was last told it. */
-export const countIn = (held: Held, mode: HoldMode): number =>
-  mode === "exclusive" ? held.counts.exclusive : held.counts.shared
+/** The hold's count in `mode`, as the backend was last told it. */
+export const countIn = (hold: Hold, mode: HoldMode): number =>
+  mode === "exclusive" ? hold.counts.exclusive : hold.counts.shared
 
 /**
  * One holder's live holds on one key, shared by all its leases (the outer one and re-entrant
@@ -28,19 +28,15 @@ export const countIn = (held: Held, mode: HoldMode): number =>
  * decides. Once lost, the hold is dead: the keeper forgets it, the bodies running under it are
  * interrupted and what may be left of it on the backend is released.
  */
-export class Held implements Entry {
-  readonly backend: Service
-  readonly key: string
-  readonly reentrant: boolean
+export class Hold implements Entry {
   /** The holder's hold counts as the backend was last told them: every request names them. */
   readonly counts = { exclusive: 0, shared: 0 }
-  /** Permits of the shared hold, and the limit they count against. */
+  /** Permits of the shared hold (0 for an exclusive one), counted against the lock's `limit`. */
   readonly permits: number
-  readonly limit: number
   readonly leaseMs: number
   /** The `withLock` bodies running under the hold: interrupted when it is lost. */
   readonly bodies: Array<Fiber.RuntimeFiber<unknown, unknown>> = []
-  /** Open leases; at 0 the record is done and a later grant starts a new holder. */
+  /** Open leases; at 0 the hold is done and a later grant starts a new holder. */
   leases = 1
   /** Set once `lost` has failed: the hold is gone, nothing may re-enter or renew it. */
   dead = false
@@ -61,10 +57,11 @@ export class Held implements Entry {
   private lostWith: LockLost | undefined = undefined
 
   constructor(
+    /** The handle whose grant started the hold: its key, backend and kind are the hold's. */
     readonly spec: LockSpec,
     readonly keeper: Keeper,
     readonly holder: string,
-    /** The fence of the grant that started the record. */
+    /** The fence of the grant that started the hold; every lease of it carries it. */
     readonly fence: number,
     permits: number,
     leaseMs: number,
@@ -72,11 +69,7 @@ export class Held implements Entry {
     /** The grant is a hand-off's claim of that many ms (see `HandOff`). */
     claimMs?: number
   ) {
-    this.backend = spec.backend
-    this.key = spec.key
-    this.reentrant = spec.reentrant
     this.permits = spec.mode === "shared" ? permits : 0
-    this.limit = spec.limit
     this.leaseMs = leaseMs
     this.watchdogMs = spec.leaseMs === undefined ? spec.watchdogMs : undefined
     // measured from before the granted request was sent, less the drift allowance, so it never
@@ -86,6 +79,21 @@ export class Held implements Entry {
     this.deadline = sentAt + grantedMs - driftMs(grantedMs)
     this.confirmedAt = sentAt
     this.unconfirmed = claimMs !== undefined
+  }
+
+  // read from the handle, not copied: a hold keeps each of them once
+  get key(): string {
+    return this.spec.key
+  }
+  get backend(): Service {
+    return this.spec.backend
+  }
+  get reentrant(): boolean {
+    return this.spec.reentrant
+  }
+  /** The limit the shared permits count against. */
+  get limit(): number {
+    return this.spec.limit
   }
 
   get lost(): Effect.Effect<never, LockLost> {
@@ -105,7 +113,7 @@ export class Held implements Entry {
     this.forget()
   }
 
-  /** The keeper and the held-leases gauge let go of the record once, however it ends. */
+  /** The keeper and the held-leases gauge let go of the hold once, however it ends. */
   private forget(): void {
     if (this.done) return
     this.keeper.remove(this)
@@ -153,17 +161,17 @@ export class Held implements Entry {
 }
 
 /**
- * Starts a holder's record and hands it to the backend's keeper, now; what is left to do for the
+ * Starts a holder's hold and hands it to the backend's keeper, now; what is left to do for the
  * keeper (see `Keeper.add`) is returned with it. `claimMs`: the grant is a hand-off's claim.
  */
-export const unsafeStartHeld = (
+export const unsafeStartHold = (
   spec: LockSpec,
   request: AcquireRequest,
   fence: number,
   sentAt: number,
   claimMs?: number
-): readonly [Held, Effect.Effect<void> | undefined] => {
-  const held = new Held(spec, keeperOf(spec.backend), request.holder, fence, request.permits, request.leaseMs, sentAt, claimMs)
+): readonly [Hold, Effect.Effect<void> | undefined] => {
+  const hold = new Hold(spec, keeperOf(spec.backend), request.holder, fence, request.permits, request.leaseMs, sentAt, claimMs)
   metrics.recordHeld(spec.labels, 1)
-  return [held, held.keeper.add(held)]
+  return [hold, hold.keeper.add(hold)]
 }
