@@ -47,6 +47,17 @@ describe("withLock gives its body the lease", () => {
       assert.isFalse(yield* Lock.isLocked(lock))
     }).pipe(Effect.provide(MemoryBackend.layer)))
 
+  it.effect("a logged or serialized lease shows its key, holder, mode, permits and fence", () =>
+    Effect.gen(function*() {
+      const lock = yield* Lock.make("api:shown")
+      const lease = yield* Lock.withLock((lease) => Effect.succeed(lease), lock)
+      const shown = { key: "api:shown", holder: lease.holder, mode: "exclusive", permits: 1, fence: lease.fence }
+      assert.deepStrictEqual(JSON.parse(JSON.stringify(lease)), shown)
+      const { inspect } = yield* Effect.promise(() => import("node:util"))
+      assert.include(inspect(lease), `fence: ${lease.fence}`)
+      assert.include(inspect(lease), "key: 'api:shown'")
+    }).pipe(Effect.provide(MemoryBackend.layer)))
+
   it.effect("a re-entered withLock sees the outer lease's fence", () =>
     Effect.gen(function*() {
       const lock = yield* Lock.make("api:reenter")

@@ -62,6 +62,13 @@ class LeaseImpl implements Lease {
   get state(): Effect.Effect<LeaseState> {
     return Effect.sync(() => this.ended ?? (this[holdKey].dead ? "Lost" : "Held"))
   }
+  // what a logged or serialized lease shows: the fields the getters read from the hold
+  toJSON(): unknown {
+    return { key: this.key, holder: this.holder, mode: this.mode, permits: this.permits, fence: this.fence }
+  }
+  [Symbol.for("nodejs.util.inspect.custom")](): unknown {
+    return this.toJSON()
+  }
 }
 
 /**
