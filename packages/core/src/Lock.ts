@@ -30,12 +30,16 @@ import * as handle from "./internal/handle.js"
 import type { Body, LockSpec } from "./internal/spec.js"
 
 /**
+ * The brand of a lock handle: `isLock` checks for it.
+ *
  * @since 0.1.0
  * @category symbols
  */
 export const TypeId: unique symbol = Symbol.for("@lockstep/core/Lock")
 
 /**
+ * The type of `TypeId`.
+ *
  * @since 0.1.0
  * @category symbols
  */
