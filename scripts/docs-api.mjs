@@ -80,25 +80,28 @@ const generate = async (pkg) => {
   writeFileSync(join(stage, "docgen.json"), JSON.stringify(docgenConfig(join(root, "tsconfig.base.json")), null, 2))
   symlinkSync(relative(stage, join(pkg.dir, "src")), join(stage, "src"), "dir")
   try {
-    await run(docgen, [], {
-      cwd: stage,
-      env: { ...process.env, DOCGEN_RUN_EXAMPLES: "false", NO_COLOR: "1", FORCE_COLOR: "0" },
-      maxBuffer: 16 * 1024 * 1024
-    })
-  } catch (error) {
-    const output = `${error.stdout ?? ""}${error.stderr ?? ""}`
-    // docgen's errors name the files as src/...: name the package's
-    throw new Error(`docgen failed on ${pkg.manifest.name}:\n${output.replaceAll(" src/", ` packages/${pkg.name}/src/`)}`)
+    try {
+      await run(docgen, [], {
+        cwd: stage,
+        env: { ...process.env, DOCGEN_RUN_EXAMPLES: "false", NO_COLOR: "1", FORCE_COLOR: "0" },
+        maxBuffer: 16 * 1024 * 1024
+      })
+    } catch (error) {
+      const output = `${error.stdout ?? ""}${error.stderr ?? ""}`
+      // docgen's errors name the files as src/...: name the package's
+      throw new Error(`docgen failed on ${pkg.manifest.name}:\n${output.replaceAll(" src/", ` packages/${pkg.name}/src/`)}`)
+    }
+    const out = join(stage, "out", "modules")
+    const pages = new Map()
+    for (const module of pkg.modules) {
+      const file = join(out, `${module}.ts.md`)
+      if (!existsSync(file)) throw new Error(`docgen wrote no page for packages/${pkg.name}/src/${module}.ts`)
+      pages.set(module, readFileSync(file, "utf8"))
+    }
+    return pages
+  } finally {
+    rmSync(stage, { recursive: true, force: true })
   }
-  const out = join(stage, "out", "modules")
-  const pages = new Map()
-  for (const module of pkg.modules) {
-    const file = join(out, `${module}.ts.md`)
-    if (!existsSync(file)) throw new Error(`docgen wrote no page for packages/${pkg.name}/src/${module}.ts`)
-    pages.set(module, readFileSync(file, "utf8"))
-  }
-  rmSync(stage, { recursive: true, force: true })
-  return pages
 }
 
 /** The lines of `text` with whether each is inside a fenced code block (fence lines included). */
