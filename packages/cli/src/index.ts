@@ -5,6 +5,8 @@
  */
 
 /**
+ * The `lockstep` command line as an effect.
+ *
  * @since 0.1.0
  */
 export * as Cli from "./Cli.js"

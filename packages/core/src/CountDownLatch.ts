@@ -29,12 +29,16 @@ import * as internal from "./internal/latch.js"
 import * as validate from "./internal/options.js"
 
 /**
+ * The brand of a `CountDownLatch` handle: `isCountDownLatch` checks for it.
+ *
  * @since 0.1.0
  * @category symbols
  */
 export const TypeId: unique symbol = Symbol.for("@lockstep/core/CountDownLatch")
 
 /**
+ * The type of `TypeId`.
+ *
  * @since 0.1.0
  * @category symbols
  */

@@ -31,12 +31,16 @@ import type { Body } from "./internal/spec.js"
 import { isBody } from "./internal/spec.js"
 
 /**
+ * The brand of a lock handle: `isLock` checks for it.
+ *
  * @since 0.1.0
  * @category symbols
  */
 export const TypeId: unique symbol = internal.TypeId
 
 /**
+ * The type of `TypeId`.
+ *
  * @since 0.1.0
  * @category symbols
  */

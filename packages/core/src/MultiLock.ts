@@ -32,12 +32,16 @@ import type { LockSpec } from "./internal/spec.js"
 import { isBody } from "./internal/spec.js"
 
 /**
+ * The brand of a `MultiLock` handle: `isMultiLock` checks for it.
+ *
  * @since 0.1.0
  * @category symbols
  */
 export const TypeId: unique symbol = Symbol.for("@lockstep/core/MultiLock")
 
 /**
+ * The type of `TypeId`.
+ *
  * @since 0.1.0
  * @category symbols
  */

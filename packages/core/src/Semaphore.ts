@@ -21,12 +21,16 @@ import type { AcquireError, BackendError, InvalidLockOptions, LockLost } from ".
 import type { AcquireOptions as LockAcquireOptions, Options as LockOptions, TryAcquireOptions as TryLockOptions } from "./Lock.js"
 
 /**
+ * The brand of a `Semaphore` handle.
+ *
  * @since 0.1.0
  * @category symbols
  */
 export const TypeId: unique symbol = Symbol.for("@lockstep/core/Semaphore")
 
 /**
+ * The type of `TypeId`.
+ *
  * @since 0.1.0
  * @category symbols
  */

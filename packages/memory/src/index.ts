@@ -1,4 +1,6 @@
 /**
+ * `@lockstep/memory`: the in-process backend of lockstep.
+ *
  * @since 0.1.0
  */
 

@@ -246,6 +246,8 @@ export const ReplicationNotAcknowledged: typeof replication.ReplicationNotAcknow
   replication.ReplicationNotAcknowledged
 
 /**
+ * An instance of `ReplicationNotAcknowledged`.
+ *
  * @since 0.1.0
  * @category errors
  */
@@ -300,6 +302,8 @@ export const isReplicationNotAcknowledged = (
 export const EvictionRisk: typeof eviction.EvictionRisk = eviction.EvictionRisk
 
 /**
+ * An instance of `EvictionRisk`.
+ *
  * @since 0.1.0
  * @category errors
  */

@@ -35,6 +35,8 @@ import * as internal from "./internal/redisServer.js"
 export const RedisServerError: typeof internal.RedisServerError = internal.RedisServerError
 
 /**
+ * An instance of `RedisServerError`.
+ *
  * @since 0.1.0
  * @category errors
  */
@@ -276,7 +278,8 @@ export const available: Effect.Effect<boolean> = internal.available
 /**
  * Starts a `redis-server` on a free loopback port with a fresh temp dir and no persistence
  * (`--save "" --appendonly no`), and waits until it answers PING. Closing the scope stops it
- * (SIGTERM, SIGKILL after 2 s) and removes the dir.
+ * (SIGTERM, SIGKILL after 2 s) and removes the dir. With `tls`, the server speaks TLS only (the
+ * second example).
  *
  * @example
  * ```ts
@@ -292,8 +295,6 @@ export const available: Effect.Effect<boolean> = internal.available
  *   })
  * )
  * ```
- *
- * With `tls`, the server speaks TLS only:
  *
  * @example
  * ```ts

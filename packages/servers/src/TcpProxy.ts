@@ -25,6 +25,8 @@ import * as internal from "./internal/tcpProxy.js"
 export const TcpProxyError: typeof internal.TcpProxyError = internal.TcpProxyError
 
 /**
+ * An instance of `TcpProxyError`.
+ *
  * @since 0.1.0
  * @category errors
  */

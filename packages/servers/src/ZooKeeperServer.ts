@@ -39,6 +39,8 @@ import * as internal from "./internal/zooKeeperServer.js"
 export const ZooKeeperServerError: typeof internal.ZooKeeperServerError = internal.ZooKeeperServerError
 
 /**
+ * An instance of `ZooKeeperServerError`.
+ *
  * @since 0.1.0
  * @category errors
  */

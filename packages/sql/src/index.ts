@@ -1,4 +1,6 @@
 /**
+ * `@lockstep/sql`: the SQL backend of lockstep, on `@effect/sql`.
+ *
  * @since 0.1.0
  */
 

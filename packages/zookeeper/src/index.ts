@@ -1,4 +1,6 @@
 /**
+ * `@lockstep/zookeeper`: the ZooKeeper backend of lockstep.
+ *
  * @since 0.1.0
  */
 
