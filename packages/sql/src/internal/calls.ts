@@ -11,10 +11,7 @@ import type { SqlClient } from "@effect/sql/SqlClient"
 import type { Connection } from "@effect/sql/SqlConnection"
 import type * as Dialect from "./dialect.js"
 import { driverMessage } from "./endpoint.js"
-import { asNumber } from "./rows.js"
-
-/** A statement's rows, as the drivers answer. */
-export type Rows = ReadonlyArray<Record<string, unknown>>
+import { asNumber, type Rows } from "./rows.js"
 
 export interface Calls {
   /**

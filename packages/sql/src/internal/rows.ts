@@ -5,6 +5,9 @@
 import * as Rules from "@lockstep/core/Rules"
 import { decode, type Document, emptyDocument } from "./document.js"
 
+/** A statement's rows, as the drivers answer. */
+export type Rows = ReadonlyArray<Record<string, unknown>>
+
 export const asNumber = (value: unknown): number => (typeof value === "number" ? value : Number(value))
 
 /** `name` as the driver returns it: MySQL's binary column arrives as a Buffer. */
@@ -23,7 +26,7 @@ const stateText = (row: Record<string, unknown>): string =>
   row["state"] === null || row["state"] === undefined ? "" : String(row["state"])
 
 /** The rows a lock statement returned, by name, and the database's clock as it read them. */
-export const loadedOf = (rows: ReadonlyArray<Record<string, unknown>>) => {
+export const loadedOf = (rows: Rows) => {
   const loaded = new Map<string, Loaded>()
   let now = 0
   for (const row of rows) {
@@ -35,14 +38,14 @@ export const loadedOf = (rows: ReadonlyArray<Record<string, unknown>>) => {
 }
 
 /** The one row of a read without a lock (`readRow`), as `loadedOf` answers. */
-export const readOf = (rows: ReadonlyArray<Record<string, unknown>>, key: string) => {
+export const readOf = (rows: Rows, key: string) => {
   const row = rows[0] ?? {}
   const text = stateText(row)
   return { loaded: new Map([[key, { text, document: decode(text), version: 0 }]]), now: asNumber(row["now"]) }
 }
 
 /** The ended holders a `readEnded` statement found, with the time each is remembered until. */
-export const endedOfRows = (rows: ReadonlyArray<Record<string, unknown>>): Map<string, number> =>
+export const endedOfRows = (rows: Rows): Map<string, number> =>
   new Map(rows.map((row) => [asName(row["holder"]), asNumber(row["expires_at"])]))
 
 /** The ended holders of `key` an operation asks about (`ids`) and may add to (see `Rules`). */
@@ -58,16 +61,6 @@ export interface Remembered {
 
 /** Acquire and release ask whether the holder ended, and whether it ended without holding. */
 export const endedOf = (key: string, holder: string): Remembered => ({ key, ids: [holder, Rules.endedUnheld(holder)], unlessHolding: holder })
-
-/**
- * Whether the rules may ask about the ended holders of `remembered` in `state` (`Rules.acquire` and
- * `Rules.release` look them up only for a holder without a live hold). Left unread, they count as
- * none: the decision is the same, and what it remembers is written all the same (an upsert).
- */
-export const asksEnded = (remembered: Remembered, state: Rules.State, now: number): boolean => {
-  const holder = remembered.unlessHolding
-  return holder === undefined || !Rules.liveKey(state, remembered.key, now).holders.some((h) => h.holder === holder)
-}
 
 /** The rules' state of the rows `names`, with the ended holders `ended` of `endedKey`. */
 export const stateOf = (

@@ -11,14 +11,14 @@ import * as Dialect from "./dialect.js"
 
 const defaultTable = "lockstep_locks"
 
-/** The dialect of the client and the table, both known to be valid. */
-export interface Target {
+/** Where the locks are kept: the table, and the dialect of the database it is in. */
+export interface Storage {
   readonly dialect: Dialect.Dialect
   readonly table: Dialect.Table
 }
 
 /** `Options` read: every duration decoded, every default applied. */
-export interface Settings extends Target {
+export interface Settings extends Storage {
   readonly commandTimeout: Duration.Duration
   readonly renewBatchSize: number
   readonly pollInterval: Duration.Duration
@@ -31,10 +31,10 @@ export interface Settings extends Target {
 }
 
 /** The client's dialect and the table, once both are known to be valid. */
-export const targetOf = (
+export const storageOf = (
   sql: SqlClient,
   options: Pick<Options, "schema" | "table"> | undefined
-): Effect.Effect<Target, InvalidLockOptions> =>
+): Effect.Effect<Storage, InvalidLockOptions> =>
   Effect.suspend(() => {
     const name = sql.onDialectOrElse<Dialect.DialectName | undefined, Dialect.DialectName, Dialect.DialectName, Dialect.DialectName>({
       orElse: () => undefined,
@@ -55,7 +55,7 @@ export const targetOf = (
 
 /** `options` for `sql`, or the first of them that cannot be used. */
 export const settingsOf = (sql: SqlClient, options: Options | undefined): Effect.Effect<Settings, InvalidLockOptions> =>
-  Effect.flatMap(targetOf(sql, options), ({ dialect, table }) => {
+  Effect.flatMap(storageOf(sql, options), ({ dialect, table }) => {
     const name = dialect.name
     const commandTimeout = Duration.decode(options?.commandTimeout ?? Duration.seconds(5))
     const renewBatchSize = Math.max(1, options?.renewBatchSize ?? 500)

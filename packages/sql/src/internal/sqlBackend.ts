@@ -14,7 +14,7 @@ import * as Calls from "./calls.js"
 import { driverMessage, ofClient } from "./endpoint.js"
 import { listen } from "./listen.js"
 import * as Operations from "./operations.js"
-import { settingsOf, targetOf } from "./settings.js"
+import { settingsOf, storageOf } from "./settings.js"
 import * as Tables from "./tables.js"
 import * as Transact from "./transact.js"
 import * as Wakeups from "./wakeups.js"
@@ -58,4 +58,4 @@ export const migrate = (
   sql: SqlClient,
   options: Pick<Options, "schema" | "table"> | undefined
 ): Effect.Effect<void, BackendError | InvalidLockOptions> =>
-  Effect.flatMap(targetOf(sql, options), ({ dialect }) => Tables.createSchema(sql, dialect, ofClient(sql, dialect.name)))
+  Effect.flatMap(storageOf(sql, options), ({ dialect }) => Tables.createSchema(sql, dialect, ofClient(sql, dialect.name)))

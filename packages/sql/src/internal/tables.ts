@@ -10,10 +10,10 @@ import type { SqlClient } from "@effect/sql/SqlClient"
 import { type Calls, execute } from "./calls.js"
 import type * as Dialect from "./dialect.js"
 import { driverMessage } from "./endpoint.js"
-import type { Target } from "./settings.js"
+import type { Storage } from "./settings.js"
 
 /** What the backend starts its tables with. */
-export interface TablesContext extends Target {
+export interface TablesContext extends Storage {
   readonly sql: SqlClient
   readonly calls: Calls
   readonly endpoint: string
@@ -68,7 +68,7 @@ export const createSchema = (sql: SqlClient, dialect: Dialect.Dialect, endpoint:
  * `error` with what to do about it, where the database refused for want of a right or of a table:
  * the server's reason names the table or schema, not what the backend needs.
  */
-const explained = (error: BackendError, { dialect, table }: Target, doing: "create" | "use"): BackendError => {
+const explained = (error: BackendError, { dialect, table }: Storage, doing: "create" | "use"): BackendError => {
   const refusal = dialect.refusal(error.cause)
   if (refusal === undefined) return error
   const tables = `${table.table} and ${table.table}_ended`

@@ -12,7 +12,7 @@ import type { Connection } from "@effect/sql/SqlConnection"
 import { type Calls, commit, execute } from "./calls.js"
 import type * as Dialect from "./dialect.js"
 import { type Document, emptyDocument, encode, expiresAt } from "./document.js"
-import { asksEnded, endedOfRows, type Loaded, loadedOf, readOf, type Remembered, stateOf } from "./rows.js"
+import { endedOfRows, type Loaded, loadedOf, readOf, type Remembered, type Rows, stateOf } from "./rows.js"
 import { freesLock, latchPayload, lockPayload, wakesLatch, type Wakeups } from "./wakeups.js"
 
 /** What transactions are run with. */
@@ -98,11 +98,17 @@ const readsEnded = (remembered: Remembered | undefined): remembered is Remembere
   remembered !== undefined && remembered.ids.length > 0
 
 /**
- * Whether the rules may ask about the ended holders (see `asksEnded`): read under the key's lock,
- * in rows of their own; left unread, they count as none.
+ * Whether the rules may ask about the ended holders the change names (`Rules.acquire` and
+ * `Rules.release` look them up only for a holder without a live hold). They are read under the
+ * key's lock, in rows of their own; left unread, they count as none: the decision is the same,
+ * and what it remembers is written all the same (an upsert).
  */
-const willAsk = <A>({ names, remembered }: Change<A>, loaded: ReadonlyMap<string, Loaded>, now: number): boolean =>
-  readsEnded(remembered) && asksEnded(remembered, stateOf(names, loaded), now)
+const asksEnded = <A>({ names, remembered }: Change<A>, loaded: ReadonlyMap<string, Loaded>, now: number): boolean => {
+  if (!readsEnded(remembered)) return false
+  const holder = remembered.unlessHolding
+  return holder === undefined ||
+    !Rules.liveKey(stateOf(names, loaded), remembered.key, now).holders.some((h) => h.holder === holder)
+}
 
 /** The rules' decision on the rows as loaded, the rows it changes and what they wake. */
 const plan = <A>(
@@ -156,10 +162,10 @@ const oneByOne = <A>(context: TransactContext, change: Change<A>, connection: Co
   Effect.gen(function*() {
     const { dialect } = context
     const { names, remembered } = change
-    let rows: ReadonlyArray<Record<string, unknown>> = []
+    let rows: Rows = []
     for (const statement of dialect.lockRows(names)) rows = yield* execute(connection, statement)
     const { loaded, now } = loadedOf(rows)
-    const ended = remembered !== undefined && willAsk(change, loaded, now)
+    const ended = remembered !== undefined && asksEnded(change, loaded, now)
       ? endedOfRows(yield* execute(connection, dialect.readEnded(remembered.key, remembered.ids)))
       : new Map<string, number>()
     const planned = plan(context, change, loaded, now, ended)
@@ -193,7 +199,7 @@ const inTwoCalls = <A>(
     return Effect.gen(function*() {
       const results = yield* connection.executeUnprepared([...beginning, ...first].join("; "), [], undefined)
       const { loaded, now } = loadedOf(yield* resultAt(results, rowsAt))
-      const ended = willAsk(change, loaded, now) ? endedOfRows(yield* resultAt(results, rowsAt + 1)) : new Map<string, number>()
+      const ended = asksEnded(change, loaded, now) ? endedOfRows(yield* resultAt(results, rowsAt + 1)) : new Map<string, number>()
       const planned = plan(context, change, loaded, now, ended)
       const writes = inlinedAll(dialect, planned.writes)
       if (writes === undefined) {
@@ -218,9 +224,9 @@ const inlinedAll = (dialect: Dialect.Dialect, statements: ReadonlyArray<Dialect.
 }
 
 /** The rows of the `index`th statement of a call that sent several (the drivers answer with one list per statement). */
-const resultAt = (results: unknown, index: number): Effect.Effect<ReadonlyArray<Record<string, unknown>>, Error> => {
+const resultAt = (results: unknown, index: number): Effect.Effect<Rows, Error> => {
   const rows: unknown = Array.isArray(results) ? results[index] : undefined
   return Array.isArray(rows)
-    ? Effect.succeed(rows as ReadonlyArray<Record<string, unknown>>)
+    ? Effect.succeed(rows as Rows)
     : Effect.fail(new Error(`the driver did not answer statement ${index + 1} of a call with its rows`))
 }
