@@ -275,7 +275,7 @@ const layerOn = (url: Redacted.Redacted, options: Options | undefined): Layer.La
     )
   }
   const { endpoint, password } = Endpoint.fromUrl(kind, text)
-  const connectFailure = (cause: unknown, detail = Endpoint.describe(cause)) =>
+  const connectFailure = (cause: unknown, detail = Endpoint.driverMessage(cause)) =>
     new BackendError({ operation: "connect", cause, endpoint, detail: Endpoint.masked(detail, password) })
   const driver = <A>(name: string, load: () => Promise<A>) =>
     Effect.tryPromise({

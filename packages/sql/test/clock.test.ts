@@ -23,8 +23,8 @@ import type { Lease } from "@lockstep/core/Lease"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import type { LockLost } from "@lockstep/core/LockError"
 import { SqlBackend } from "@lockstep/sql"
-import { clientLayer, database, required } from "./databases.js"
-import { ownMariadbWith } from "./servers.js"
+import { clientLayer, database, required } from "./fixtures/databases.js"
+import { ownMariadbWith } from "./fixtures/servers.js"
 
 /** The server's clock as the test sets it: seconds added to the server's own time. */
 interface Jump {

@@ -1,14 +1,16 @@
 /**
- * A handle used after its SQL backend's layer closed: every operation fails with the typed
- * closed-backend error (also where the client is borrowed and still open), and a waiter blocked
- * when the layer closes fails at once instead of waiting. Each prints the message it got.
+ * A handle used after its SQL backend's layer closed, where the SQL backend differs from the others
+ * (the conformance suite's "closed backend" test checks what every backend does): the client is
+ * borrowed and still open, or the backend's own (`layerConfig`), and every message names the
+ * database's endpoint. Each prints the message it got.
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Config, Context, Duration, Effect, Exit, Fiber, Layer, Option, Redacted, Scope } from "effect"
 import { Lock, LockError } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { SqlBackend } from "@lockstep/sql"
-import { database, type Database } from "./databases.js"
+import * as Conformance from "@lockstep/testkit/Conformance"
+import { database, type Database } from "./fixtures/databases.js"
 
 /** How the backend names `db` in its errors. */
 const endpointOf = (db: Database): string => {
@@ -20,27 +22,6 @@ const endpointOf = (db: Database): string => {
 const closedMessage = (db: Database, operation: string) =>
   `lock backend failed during ${operation} on ${endpointOf(db)}: the SQL backend is closed (the layer or scope that made it has ended)`
 
-/** Every operation of `service`, each called once, with what it ended with. */
-const everyOperation = (service: LockBackend["Type"], key: string) => {
-  const holder = `${service.clientId}:1`
-  const calls: ReadonlyArray<readonly [string, Effect.Effect<unknown, { readonly _tag: string }>]> = [
-    ["acquire", service.acquire({ key, holder, mode: "exclusive", permits: 1, limit: 1, leaseMs: 5_000, fair: false, waiterTtlMs: 1_000, count: 1 })],
-    ["release", service.release({ key, holder, mode: "exclusive", count: 1, leaseMs: 5_000 })],
-    ["renew", service.renew([{ key, holder, leaseMs: 5_000 }])],
-    ["inspect", service.inspect(key)],
-    ["raiseFence", service.raiseFence({ key, fence: 1, leaseMs: 5_000 })],
-    ["forceRelease", service.forceRelease({ key, id: crypto.randomUUID() })],
-    ["cancel", service.cancel({ key, holder, leaseMs: 5_000 })],
-    ["subscribe", Effect.scoped(service.subscribe(key, holder, "exclusive"))],
-    ["latchSetCount", service.latchSetCount({ key: `${key}:latch`, id: crypto.randomUUID(), count: 2 })],
-    ["latchCountDown", service.latchCountDown({ key: `${key}:latch`, id: crypto.randomUUID() })],
-    ["latchCount", service.latchCount(`${key}:latch`)],
-    ["latchSubscribe", Effect.scoped(service.latchSubscribe(`${key}:latch`, holder))]
-  ]
-  return Effect.forEach(calls, ([operation, call]) =>
-    Effect.map(Effect.exit(Effect.timeout(call, "5 seconds")), (exit) => ({ operation, exit })))
-}
-
 /** The error `exit` failed with, or a description of how it ended otherwise. */
 const failureOf = (exit: Exit.Exit<unknown, unknown>): unknown =>
   Exit.match(exit, {
@@ -48,14 +29,12 @@ const failureOf = (exit: Exit.Exit<unknown, unknown>): unknown =>
     onFailure: (cause) => cause._tag === "Fail" ? cause.error : `ended with ${cause._tag}`
   })
 
+/** Every operation fails with the closed error, whose message names this database's endpoint. */
 const checkEveryOperation = (db: Database, service: LockBackend["Type"], key: string) =>
   Effect.gen(function*() {
-    const results = yield* everyOperation(service, key)
-    for (const { exit, operation } of results) {
-      const error = failureOf(exit)
+    for (const { error, operation } of yield* Conformance.callEveryOperation(service, key)) {
       const message = error instanceof LockError.BackendError ? error.message : String(error instanceof Error ? error.message : error)
       console.log(`[${db.kind} closed: ${operation}] ${message}`)
-      assert.isTrue(Exit.isFailure(exit), `${operation} after the close: ${message}`)
       assert.isTrue(error instanceof LockError.BackendError && LockError.isBackendClosed(error), `${operation}: ${message}`)
       assert.strictEqual(message, closedMessage(db, operation))
     }

@@ -1,6 +1,6 @@
 import { describe } from "@effect/vitest"
 import * as Conformance from "@lockstep/testkit/Conformance"
-import { backend, database, type Kind, losingData } from "./databases.js"
+import { backend, database, type Kind, losingData } from "./fixtures/databases.js"
 
 // every conformance scenario, the model-based runs and the fault wrappers, on real databases
 for (const kind of ["pg", "mysql", "sqlite"] as const satisfies ReadonlyArray<Kind>) {

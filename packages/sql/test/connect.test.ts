@@ -12,8 +12,8 @@ import { Cause, Config, ConfigProvider, Context, Effect, Exit, Fiber, Layer, Opt
 import * as SqlClient from "@effect/sql/SqlClient"
 import { SqliteClient } from "@effect/sql-sqlite-node"
 import { SqlBackend } from "@lockstep/sql"
-import { mysqlServer, postgresServer, required } from "./databases.js"
-import { freePort, type OwnServer, ownPostgresWith, ownServersAvailable } from "./servers.js"
+import { mysqlServer, postgresServer, required } from "./fixtures/databases.js"
+import { freePort, type OwnServer, ownPostgresWith, ownServersAvailable } from "./fixtures/servers.js"
 
 const suffix = `${process.pid}_${Math.random().toString(36).slice(2, 8)}`
 const password = `Pw-${suffix}-secret`

@@ -14,7 +14,7 @@ import { Lock } from "@lockstep/core"
 import { PgClient } from "@effect/sql-pg"
 import { Redacted } from "effect"
 import { SqlBackend } from "@lockstep/sql"
-import { backend, database, type Database, exclusiveRequest } from "./databases.js"
+import { backend, database, type Database, exclusiveRequest } from "./fixtures/databases.js"
 
 /**
  * The backend on a one-connection client whose connection was given `settings` first (a session

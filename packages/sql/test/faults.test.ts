@@ -10,8 +10,8 @@ import { SqlClient } from "@effect/sql/SqlClient"
 import { Lock } from "@lockstep/core"
 import type { LockBackend } from "@lockstep/core/LockBackend"
 import { SqlBackend } from "@lockstep/sql"
-import { clientLayer, required } from "./databases.js"
-import { type OwnServer, ownMariadb, ownPostgres, ownServersAvailable } from "./servers.js"
+import { clientLayer, required } from "./fixtures/databases.js"
+import { type OwnServer, ownMariadb, ownPostgres, ownServersAvailable } from "./fixtures/servers.js"
 
 if (!ownServersAvailable) {
   if (required) throw new Error("the SQL fault tests need initdb/pg_ctl and mariadbd on this machine")

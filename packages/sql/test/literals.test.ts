@@ -6,7 +6,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Context, Effect, Layer } from "effect"
 import { LockBackend } from "@lockstep/core/LockBackend"
-import { backend, database, exclusiveRequest } from "./databases.js"
+import { backend, database, exclusiveRequest } from "./fixtures/databases.js"
 
 const texts = [
   "plain",

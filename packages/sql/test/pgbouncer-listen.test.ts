@@ -2,8 +2,8 @@ import { describe } from "@effect/vitest"
 import { Redacted } from "effect"
 import * as Conformance from "@lockstep/testkit/Conformance"
 import type { SqlBackend } from "@lockstep/sql"
-import { backend, losingData } from "./databases.js"
-import { databaseThrough } from "./pgbouncer.js"
+import { backend, losingData } from "./fixtures/databases.js"
+import { databaseThrough } from "./fixtures/pgbouncer.js"
 
 // the whole conformance suite through PgBouncer in pool_mode = transaction, waiters woken by
 // LISTEN on a direct connection to PostgreSQL (and never by polling: 1 hour)

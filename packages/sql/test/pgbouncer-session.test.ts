@@ -1,7 +1,7 @@
 import { describe } from "@effect/vitest"
 import * as Conformance from "@lockstep/testkit/Conformance"
-import { backend, losingData } from "./databases.js"
-import { databaseThrough } from "./pgbouncer.js"
+import { backend, losingData } from "./fixtures/databases.js"
+import { databaseThrough } from "./fixtures/pgbouncer.js"
 
 // the whole conformance suite through PgBouncer in pool_mode = session, with the default wake-up
 // (LISTEN on the client's own connection, which keeps its server in this mode)

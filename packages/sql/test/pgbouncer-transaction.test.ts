@@ -1,7 +1,7 @@
 import { describe } from "@effect/vitest"
 import * as Conformance from "@lockstep/testkit/Conformance"
-import { backend, losingData } from "./databases.js"
-import { databaseThrough } from "./pgbouncer.js"
+import { backend, losingData } from "./fixtures/databases.js"
+import { databaseThrough } from "./fixtures/pgbouncer.js"
 
 // the whole conformance suite through PgBouncer in pool_mode = transaction, waiters woken by polling
 const through = await databaseThrough("transaction", "PgBouncer transaction-mode conformance suite")

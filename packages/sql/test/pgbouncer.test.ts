@@ -11,9 +11,9 @@ import { Config, type Context, Effect, Exit, Fiber, Layer, Redacted, Scope } fro
 import { Lock } from "@lockstep/core"
 import type { LockBackend } from "@lockstep/core/LockBackend"
 import { SqlBackend } from "@lockstep/sql"
-import { clientLayer, database, postgresServer } from "./databases.js"
-import { type PgBouncer, pgbouncer, pgbouncerAvailable, type PoolMode } from "./pgbouncer.js"
-import { freePort } from "./servers.js"
+import { clientLayer, database, postgresServer } from "./fixtures/databases.js"
+import { type PgBouncer, pgbouncer, pgbouncerAvailable, type PoolMode } from "./fixtures/pgbouncer.js"
+import { freePort } from "./fixtures/servers.js"
 
 const available = pgbouncerAvailable("PgBouncer suite")
 const db = available ? await database("pg") : undefined

@@ -13,7 +13,7 @@ import { Lock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { SqlBackend } from "@lockstep/sql"
 import * as Conformance from "@lockstep/testkit/Conformance"
-import { clientLayer, type Database, database, losingData } from "./databases.js"
+import { clientLayer, type Database, database, losingData } from "./fixtures/databases.js"
 
 const suffix = `${process.pid}_${Math.random().toString(36).slice(2, 8)}`
 

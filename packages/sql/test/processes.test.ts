@@ -4,7 +4,7 @@
  */
 import { describe, it } from "@effect/vitest"
 import { contendAcrossProcesses } from "../../testkit/test/fixtures/contention.js"
-import { database } from "./databases.js"
+import { database } from "./fixtures/databases.js"
 
 for (const kind of ["pg", "mysql", "sqlite"] as const) {
   const db = await database(kind)

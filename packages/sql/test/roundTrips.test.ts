@@ -12,7 +12,7 @@ import type { Connection } from "@effect/sql/SqlConnection"
 import { Lock } from "@lockstep/core"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { SqlBackend } from "@lockstep/sql"
-import { database, type Database, exclusiveRequest } from "./databases.js"
+import { database, type Database, exclusiveRequest } from "./fixtures/databases.js"
 
 /** What the wrapped client saw and what it is to do with the next calls. */
 interface Calls {

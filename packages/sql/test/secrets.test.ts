@@ -29,8 +29,8 @@ import { PgClient } from "@effect/sql-pg"
 import { Lock } from "@lockstep/core"
 import type { LockBackend } from "@lockstep/core/LockBackend"
 import { SqlBackend } from "@lockstep/sql"
-import { clientLayer, database, required } from "./databases.js"
-import { freePort, type OwnServer, ownPostgresWith, ownServersAvailable } from "./servers.js"
+import { clientLayer, database, required } from "./fixtures/databases.js"
+import { freePort, type OwnServer, ownPostgresWith, ownServersAvailable } from "./fixtures/servers.js"
 
 const password = `S3cr3t-${crypto.randomUUID()}`
 const wrongPassword = `S3cr3t-${crypto.randomUUID()}`

@@ -12,8 +12,8 @@ import { PgClient } from "@effect/sql-pg"
 import { Lock } from "@lockstep/core"
 import type { LockBackend } from "@lockstep/core/LockBackend"
 import { SqlBackend } from "@lockstep/sql"
-import { required } from "./databases.js"
-import { type OwnServer, ownPostgresWith, ownServersAvailable } from "./servers.js"
+import { required } from "./fixtures/databases.js"
+import { type OwnServer, ownPostgresWith, ownServersAvailable } from "./fixtures/servers.js"
 
 if (!ownServersAvailable) {
   if (required) throw new Error("the SQL TLS tests need initdb/pg_ctl on this machine")

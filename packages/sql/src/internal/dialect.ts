@@ -397,7 +397,7 @@ const sqlite = (table: Table): Dialect => {
     forget: forgetOf(t, e, now, "?"),
     // in process: one call per statement costs no round trip
     inline: () => undefined,
-    // BEGIN IMMEDIATE found the write lock taken (it is taken without waiting: see sqlBackend.ts),
+    // BEGIN IMMEDIATE found the write lock taken (it is taken without waiting: see `begin` in calls.ts),
     // after which nothing conflicts
     retryable: (cause) => String(causeOf(cause)["code"] ?? "").startsWith("SQLITE_BUSY"),
     // better-sqlite3 says "no such table" with the generic SQLITE_ERROR

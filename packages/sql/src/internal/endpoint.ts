@@ -5,6 +5,7 @@
  */
 import type { SqlClient } from "@effect/sql/SqlClient"
 import { Redacted } from "effect"
+import { endpointName } from "@lockstep/core/BackendKit"
 import type { DialectName } from "./dialect.js"
 
 const labels: Record<DialectName, string> = { pg: "PostgreSQL", mysql: "MySQL", sqlite: "SQLite" }
@@ -27,7 +28,7 @@ const located = (
   database: string | undefined
 ): string => {
   const at = `${host === undefined || host === "" ? "localhost" : host}:${port === undefined || port === "" ? defaultPorts[kind] : port}`
-  return database === undefined || database === "" ? `${label} ${at}` : `${label} ${at}/${database}`
+  return endpointName(label, at, database)
 }
 
 /** What a parsed URL says, `undefined` for text `URL` cannot read. */
@@ -82,16 +83,16 @@ const unique = (items: ReadonlyArray<string>): Array<string> => [...new Set(item
  * something to say (a `SqlError` only says which step failed), every attempt of an
  * `AggregateError` (a host with several addresses), the error code where the message is empty.
  */
-export const describe = (cause: unknown, depth = 0): string => {
+export const driverMessage = (cause: unknown, depth = 0): string => {
   if (typeof cause === "string") return cause
   if (!(cause instanceof Error)) return String(cause)
   if (depth < 4) {
     if (cause instanceof AggregateError && cause.errors.length > 0) {
-      const all = unique(cause.errors.map((error) => describe(error, depth + 1)))
+      const all = unique(cause.errors.map((error) => driverMessage(error, depth + 1)))
       if (all.length > 0) return all.join("; ")
     }
     if (cause.cause instanceof Error) {
-      const inner = describe(cause.cause, depth + 1)
+      const inner = driverMessage(cause.cause, depth + 1)
       if (inner !== "") return inner
     }
   }
