@@ -153,7 +153,8 @@ describe.runIf(own !== undefined)("SQL backend on MariaDB whose clock steps", ()
       const b = yield* backendOn(own, server)
       const fixedA = yield* lockOn(a, "forward:fixed", { lease: "5 seconds" })
       const watchedA = yield* lockOn(a, "forward:watched", { watchdog: "6 seconds" })
-      const fixedB = yield* lockOn(b, "forward:fixed", { lease: "5 seconds" })
+      // B's lease outlasts the test's wait for A's loss: at its own deadline B would release it
+      const fixedB = yield* lockOn(b, "forward:fixed", { lease: "15 seconds" })
       const watchedB = yield* lockOn(b, "forward:watched", { watchdog: "6 seconds" })
       const heldA = yield* Scope.make()
       const fixedLease = yield* Scope.extend(Lock.acquire(fixedA), heldA)
@@ -195,11 +196,11 @@ describe.runIf(own !== undefined)("SQL backend on MariaDB whose clock steps", ()
       yield* Scope.close(heldB, Exit.void)
       const again = yield* Effect.scoped(Effect.map(Lock.acquire(fixedA), (lease) => lease.fence))
       console.log(
-        `[mysql clock +60 s, then back] B's 5 s lease had ${Math.round(ttl)} ms left after the step back; ` +
+        `[mysql clock +60 s, then back] B's 15 s lease had ${Math.round(ttl)} ms left after the step back; ` +
           `A's next fence ${again} = B's + ${again - fenceB}`
       )
-      // 65 s less the time since B's grant (A's 5 s wait): far above the 5 s it was granted for
-      assert.isAbove(ttl, 50_000)
+      // 75 s less the time since B's grant (A's 5 s wait): far above the 15 s it was granted for
+      assert.isAbove(ttl, 60_000)
       assert.strictEqual(again, fenceB + 1)
       yield* Scope.close(heldA, Exit.void)
     }), { timeout: 60_000 })
