@@ -52,7 +52,7 @@
  *   acknowledgement applies (a release checks neither): elsewhere a release only wakes them.
  * - `lockstep_fair:{K}` (sorted set, score: arrival) and `lockstep_fair_ttl:{K}` (sorted set,
  *   score: expiry ms): the fair queue, members `<code>|<claimMs>|<holder>` (claimMs 0 until the
- *   waiter waits on a subscription). Every operation is O(log n) in the queue's length: expired
+ *   waiter waits on a subscription; the entry formats are members.ts's). Every operation is O(log n) in the queue's length: expired
  *   waiters are dropped by score, the head is the lowest arrival.
  * - `lockstep_waiters:{K}` (sorted set, score: until when the entry is kept): waiters of unfair
  *   kinds that wait on a subscription, members `<code>|<x|s>|<permits>|<limit>|<claimMs>|<holder>`.
