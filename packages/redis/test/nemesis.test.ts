@@ -31,7 +31,7 @@ import { Effect } from "effect"
 import type { WriteAttempt } from "./fixtures/fencedResource.js"
 import type { FaultKind, PhaseConfig, PhaseResult } from "./fixtures/nemesis.js"
 import { runPhase } from "./fixtures/nemesis.js"
-import { MORE_STOPS, seedOf } from "./fixtures/nemesisClients.js"
+import { MORE_STOPS, seedOf } from "./fixtures/nemesisProcesses.js"
 import type { LeaseRecord } from "./fixtures/nemesisHistory.js"
 import {
   checkFences,

@@ -39,7 +39,7 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import { MORE_STOPS, seedOf } from "./fixtures/nemesisClients.js"
+import { MORE_STOPS, seedOf } from "./fixtures/nemesisProcesses.js"
 import type { SentinelFault, SentinelFaultKind, SentinelPhaseConfig, SentinelPhaseResult } from "./fixtures/nemesisSentinel.js"
 import { failoverKinds, faultKinds, runSentinelPhase } from "./fixtures/nemesisSentinel.js"
 import type { Overlap } from "./fixtures/nemesisHistory.js"
