@@ -1,33 +1,11 @@
 /**
- * The Redis backend of lockstep, on ioredis. Every operation is one Lua script (a Redis Function
- * of lockstep's library, loaded once per server, where the server and the user allow FCALL and
- * FUNCTION LOAD; EVALSHA, loaded on NOSCRIPT, otherwise) judged on the server's clock; all keys of
- * a lock share its cluster slot, so it
- * works on Redis Cluster. The re-entrant `Lock` keeps Redisson's RLock layout, so a Redisson
- * process and a lockstep process exclude each other on the same name.
- *
- * Waiters of one backend share one subscriber connection; a release wakes one of them (for a fair
- * lock: the head of the queue). Watchdog renewals that fall due together leave in one script.
- *
- * Every `BackendError` names the endpoint (`Redis host:port`, the socket path, the cluster's
- * startup nodes, or a Sentinel master's name and sentinels) and, while a connection is down, the
- * last error ioredis reported for it
- * (`connect ECONNREFUSED ...`, `WRONGPASS ...`); its `cause` is what the call itself failed with.
- * An outage is logged once (a warning with the endpoint and the error, then "reconnected"), not
- * once per failing call. The backend listens to its connections' 'error' events, so ioredis never
- * prints "Unhandled error event" for them.
- *
- * The client's ioredis `keyPrefix` is the backend's namespace: every key and channel a lock,
- * semaphore or latch touches starts with it, so that an ACL user with one key pattern and one
- * channel pattern (`~<prefix>* &<prefix>*`) can run it (the README's "Redis: least-privilege ACL"
- * gives the whole rule). Without one, keys and channels keep Redisson's layout. A call the user
- * may not make fails with a `BackendError` naming Redis's refusal (`NOPERM ...`), and for a command
- * a script calls, the command.
- *
- * A backend closes with the layer (or scope) that made it, also where the client is borrowed and
- * stays open: a handle used after that fails with a `BackendError` whose `cause` is
- * `LockError.BackendClosed` (`LockError.isBackendClosed`), and a waiter blocked at the close fails
- * at once. Nothing of the backend keeps the process alive once it is closed.
+ * The Redis backend of lockstep, on ioredis. Every operation is one Lua script judged on the
+ * server's clock (a Redis Function where the server and the user allow it, EVALSHA otherwise);
+ * a lock's keys share its cluster slot, so it works on Redis Cluster, and the re-entrant `Lock`
+ * keeps Redisson's RLock layout, so a Redisson process and a lockstep process exclude each other.
+ * Every `BackendError` names the endpoint; the client's `keyPrefix` is the backend's namespace;
+ * a backend closes with its layer (or scope), after which its handles fail with
+ * `LockError.BackendClosed`. The README's "Redis" section tells the rest.
  *
  * @since 0.1.0
  */
@@ -130,61 +108,12 @@ export interface Tuning {
 }
 
 /**
- * The `replication` tuning: replica acknowledgement of grants, renewals, fence raises and latch
- * changes.
- *
- * Redis replicates asynchronously: a master that grants a lock and fails before the grant reached
- * a replica loses it, and once that replica is promoted a second client can be granted the same
- * lock. With this option every grant (an acquisition answered "granted", re-entries included),
- * every renewal, every fence raise (`RedLock`) and every latch change (`setCount`, `countDown`) is
- * followed by `WAIT replicas timeout` (with `aof`: `WAITAOF 0 replicas timeout`), sent on the same
- * connection right behind the script (no extra round trip), and counts only once `replicas`
- * replicas have acknowledged it:
- * - an acquisition whose grant was not acknowledged fails with `BackendError` (its `cause` a
- *   `ReplicationNotAcknowledged`, e.g. `1 of 2 replicas acknowledged the grant within 250ms`), and
- *   the lock releases the grant, as after any failed attempt;
- * - a renewal not acknowledged is not confirmed: that lease's renew result is a `BackendError`, it
- *   keeps the deadline it had, and it is lost at that deadline (`LockLost`) unless a later renewal
- *   is acknowledged;
- * - a latch call or fence raise not acknowledged fails with that `BackendError` (latch calls can be
- *   retried: each is applied once).
- *
- * Releases and cancels wait for no replica: a release lost with its master only leaves the lock
- * held on the promoted replica until its lease runs out (the safe direction). Neither do reads,
- * denied attempts or the waiting for a release.
- *
- * Cost: acknowledged calls go through a connection of their own, so a `WAIT` never holds up any
- * other call (an inspection, a release); with healthy replicas each such call takes about one
- * replica round trip longer. `WAIT` blocks that connection, so acknowledgements are grouped: one
- * `WAIT` covers every script sent before it, at most one is in flight, and calls made meanwhile
- * share the next. With the replicas missing, every acknowledged call fails after the timeout, and
- * no call waits more than about twice the timeout however many are queued (the server ends a
- * `WAIT` on its own timer, which may add up to 1/`hz`: 100 ms at the default `hz` 10). On a
- * Redis Cluster a `WAIT` must run on the node that ran the script, so each call sends its own
- * [script, WAIT] pipeline to its key's node: calls to one node queue behind each other's `WAIT`s
- * (with that node's replicas missing, the k-th queued call waits about k timeouts, up to the
- * command timeout).
- *
- * What it does not guarantee:
- * - Acknowledgement is not consensus. A failover may promote a replica that did not acknowledge
- *   (Sentinel prefers the most up-to-date replica, but a replica that lost its link can be
- *   promoted, or be the only one left): only with `replicas` equal to the number of replicas is
- *   every candidate known to have the grant. Pair it with the `quarantine` for the rest.
- * - "Not acknowledged" does not undo the write: the master applied it, and the lock releases it
- *   afterwards (best-effort). If the master fails before that release, a replica that received
- *   the grant late keeps the lock held until its lease runs out.
- * - Acknowledged means received by the replicas, in memory. A replica that restarts without
- *   persistence loses it; `aof: true` (Redis 7.2 and later) waits until the replicas have written
- *   it to their append-only file (fsynced as their `appendfsync` says).
- * - `WAIT` confirms the writes its connection made. A call that writes nothing (a fence raise
- *   below the current fence, a latch call repeated after its first copy was applied) is
- *   confirmed up to this backend's own writes, not up to the writes of other clients it observed.
- *
- * Building the backend fails with `BackendError` (operation `"connect"`, its `cause` an
- * `InvalidLockOptions` naming the field) when `replicas` is not a positive integer, the timeout
- * is not a positive duration less than half the command timeout (a call may wait for two `WAIT`s),
- * or `aof` is asked of a server without `WAITAOF` (checked with one `COMMAND INFO` at build, also
- * by `make` and `layer`).
+ * The `replication` tuning: replica acknowledgement. Every grant, renewal, fence raise (`RedLock`)
+ * and latch change is followed by `WAIT replicas timeout` (`WAITAOF` with `aof`) and counts only
+ * once `replicas` replicas acknowledged it; otherwise it fails with a `BackendError` caused by
+ * `ReplicationNotAcknowledged` (for a renewal: that lease's renew result). Releases, cancels and
+ * reads wait for no replica. Acknowledgement is not consensus: pair it with the `quarantine`. The
+ * README's "Replicas and failover" tells what it costs and what it does not guarantee.
  *
  * @example
  * ```ts
@@ -459,33 +388,13 @@ export const layer = (options: Options): Layer.Layer<LockBackend, BackendError> 
 /**
  * Provides `LockBackend` on connections the layer opens and closes itself.
  *
- * Building the layer checks the server: one round trip that asks for the commands the backend
- * needs (EVALSHA, EVAL, SUBSCRIBE; WAIT with `replication`; SELECT with a database), each without
- * arguments, within the command timeout or until ioredis gives up, whichever comes first (a
- * refused command fails it with one line naming it), and one INFO, which refuses a server that may evict lock keys
- * (see `Tuning.acceptEviction`) and tells whether the master has replicas (see
- * `Tuning.replication`). An unreachable server, a refused password or a bad URL fails
- * the layer with `BackendError` (operation `"connect"`) naming the endpoint and the cause, e.g.
- * `lock backend failed during connect on Redis 10.0.0.7:6379: connect ECONNREFUSED 10.0.0.7:6379`,
- * and closes what it opened.
- *
- * Through Sentinel (see `Connection`), the connections ask the sentinels for the master and follow
- * it across failovers: commands, the waiters' subscriptions (waiters look at their locks again
- * once that connection is back, so a release in between is not missed) and the watchdog's
- * renewals. The connections also listen for the sentinels' `+switch-master` (ioredis's
- * `failoverDetector`, turned on here unless the options turn it off) and move to the promoted
- * replica as soon as it is announced. Without it they stay on the demoted master until the
- * sentinels convert it into a replica, seconds later, and whatever was granted, renewed or
- * released there meanwhile is lost: a lease not renewed on the new master expires there, and a
- * lock released on the old one stays held on the new one until its lease ends. A client of your
- * own through sentinels (`layer`) wants `failoverDetector: true` too. When the master dies, calls fail with
- * `BackendError` until the sentinels have promoted a replica and the connection's next attempt
- * (ioredis backs off 50 ms more per attempt, up to 2 s) reaches it. A failover loses what the old
- * master had not yet replicated: through sentinels, grants are acknowledged by every replica and
- * the failover quarantine is on by default (see `Tuning.replication` and `Tuning.quarantine`). Sentinels that cannot help fail the
- * layer within the command timeout, e.g. `lock backend failed during connect on Redis master
- * "orders" via sentinels 10.0.0.5:26379, 10.0.0.6:26379: no sentinel answered (no answer from
- * Redis within 2s)`, or `... the sentinels know no master of that name ...`.
+ * Building it checks the server: one round trip that asks for the commands the backend needs, and
+ * one `INFO` (see `Tuning.acceptEviction` and `Tuning.replication`). An unreachable server, a
+ * refused password or command, or a bad URL fails it with `BackendError` (operation `"connect"`)
+ * naming the endpoint and the cause, e.g. `lock backend failed during connect on Redis
+ * 10.0.0.7:6379: connect ECONNREFUSED 10.0.0.7:6379`. Through Sentinel (see `Connection`) the
+ * connections follow the master across failovers, moving as soon as the sentinels announce one;
+ * the README's "Replicas and failover" tells what a failover does to locks.
  *
  * @example
  * ```ts

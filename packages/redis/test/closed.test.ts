@@ -10,6 +10,7 @@ import type { Layer as LayerType } from "effect"
 import { ConfigProvider, Context, Effect, Exit, Fiber, Layer, Logger, Option, Scope } from "effect"
 import { Redis } from "ioredis"
 import { CountDownLatch, Lock, LockError } from "@lockstep/core"
+import * as Conformance from "@lockstep/testkit/Conformance"
 import { LockBackend } from "@lockstep/core/LockBackend"
 import { RedisBackend } from "@lockstep/redis"
 import { RedisServer } from "@lockstep/servers"
@@ -19,27 +20,6 @@ warnIfNotRun("Redis closed-backend suite (closed.test.ts)")
 
 const closedMessage = (port: number, operation: string) =>
   `lock backend failed during ${operation} on Redis 127.0.0.1:${port}: the Redis backend is closed (the layer or scope that made it has ended)`
-
-/** Every operation of `service`, each called once, with what it ended with. */
-const everyOperation = (service: LockBackend["Type"], key: string) => {
-  const holder = `${service.clientId}:1`
-  const calls: ReadonlyArray<readonly [string, Effect.Effect<unknown, { readonly _tag: string }>]> = [
-    ["acquire", service.acquire({ key, holder, mode: "exclusive", permits: 1, limit: 1, leaseMs: 5_000, fair: false, waiterTtlMs: 1_000, count: 1 })],
-    ["release", service.release({ key, holder, mode: "exclusive", count: 1, leaseMs: 5_000 })],
-    ["renew", service.renew([{ key, holder, leaseMs: 5_000 }])],
-    ["inspect", service.inspect(key)],
-    ["raiseFence", service.raiseFence({ key, fence: 1, leaseMs: 5_000 })],
-    ["forceRelease", service.forceRelease({ key, id: crypto.randomUUID() })],
-    ["cancel", service.cancel({ key, holder, leaseMs: 5_000 })],
-    ["subscribe", Effect.scoped(service.subscribe(key, holder, "exclusive"))],
-    ["latchSetCount", service.latchSetCount({ key: `${key}:latch`, id: crypto.randomUUID(), count: 2 })],
-    ["latchCountDown", service.latchCountDown({ key: `${key}:latch`, id: crypto.randomUUID() })],
-    ["latchCount", service.latchCount(`${key}:latch`)],
-    ["latchSubscribe", Effect.scoped(service.latchSubscribe(`${key}:latch`, holder))]
-  ]
-  return Effect.forEach(calls, ([operation, call]) =>
-    Effect.map(Effect.exit(Effect.timeout(call, "5 seconds")), (exit) => ({ operation, exit })))
-}
 
 /** The error `exit` failed with, or a description of how it ended otherwise. */
 const failureOf = (exit: Exit.Exit<unknown, unknown>): unknown =>
@@ -59,17 +39,17 @@ const assertClosed = (port: number, what: string, operation: string, error: unkn
   assert.strictEqual(message, closedMessage(port, operation))
 }
 
+/** Every operation of `service` (the conformance suite's list), each failing with the closed error naming the endpoint. */
 const checkEveryOperation = (port: number, what: string, service: LockBackend["Type"], key: string) =>
   Effect.gen(function*() {
     const failures: Array<string> = []
-    const results = yield* everyOperation(service, key)
-    for (const { exit, operation } of results) {
-      const error = failureOf(exit)
+    const results = yield* Conformance.callEveryOperation(service, key)
+    for (const { error, operation } of results) {
       if (!(error instanceof LockError.BackendError && LockError.isBackendClosed(error))) failures.push(`${operation}: ${messageOf(error)}`)
       console.log(`[closed: ${what}: ${operation}] ${messageOf(error)}`)
     }
     assert.deepStrictEqual(failures, [], `${what}: not failed as closed`)
-    for (const { exit, operation } of results) assertClosed(port, what, operation, failureOf(exit), false)
+    for (const { error, operation } of results) assertClosed(port, what, operation, error, false)
   })
 
 /** A client the test opens (and quits at the end): the backend borrows it. */

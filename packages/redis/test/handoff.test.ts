@@ -7,6 +7,7 @@
  * grants nothing twice; a waiter that gives up while the release was in flight leaves nothing held.
  */
 import { assert, describe, it } from "@effect/vitest"
+import type { Scope } from "effect"
 import { Deferred, Duration, Effect, Exit, Fiber, Option } from "effect"
 import { FairLock, Lock, Semaphore } from "@lockstep/core"
 import type { Service } from "@lockstep/core/LockBackend"
@@ -15,7 +16,7 @@ import { RedisServer } from "@lockstep/servers"
 import { maxClaimMs } from "../src/internal/redisBackend.js"
 import * as scripts from "../src/internal/scripts/lock.js"
 import { wakeCode } from "../src/internal/wakeups.js"
-import { backendOn, call, eventually, nowMs, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
+import { backendOn, call, counted, eventually, nowMs, rawClient, runnable, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis hand-off suite (handoff.test.ts)")
 
@@ -42,6 +43,19 @@ const handOffMessages = (holder: string, fence: number): [string, string] => {
   return [`1${code.padStart(17, "0")}`, String(fence)]
 }
 
+/**
+ * A holder that takes a lock with `around` (in a fiber of its own) and keeps it until the effect
+ * returned runs, which lets it go and waits for the holder to end. Returns once the lock is held.
+ */
+const holdUntilReleased = (around: (body: Effect.Effect<void>) => Effect.Effect<unknown, unknown, Scope.Scope>) =>
+  Effect.gen(function*() {
+    const held = yield* Deferred.make<void>()
+    const release = yield* Deferred.make<void>()
+    const holder = yield* Effect.fork(Effect.scoped(around(Effect.zipRight(Deferred.succeed(held, undefined), Deferred.await(release)))))
+    yield* Deferred.await(held)
+    return Effect.zipRight(Deferred.succeed(release, undefined), Fiber.join(holder))
+  })
+
 type Kind = "Lock" | "FairLock" | "Semaphore"
 
 /** A lock of `kind` on `key` through `backend` (a semaphore of one permit): its acquire and try-acquire. */
@@ -63,25 +77,20 @@ describe.runIf(runnable)("Redis backend: the hand-off", () => {
       const server = yield* RedisServer.make()
       const a = yield* backendOn(server.url, tuning)
       const b = yield* backendOn(server.url, tuning)
-      let acquires = 0
-      const counting: Service = { ...b, acquire: (r) => Effect.suspend(() => (acquires++, b.acquire(r))) }
+      const { calls, service: counting } = counted(b)
       const key = "handoff-plain"
       const lockA = yield* Lock.make(key).pipe(withBackend(a))
       const lockB = yield* Lock.make(key, { waiterTimeout: "20 seconds" }).pipe(withBackend(counting))
-      const held = yield* Deferred.make<void>()
-      const release = yield* Deferred.make<void>()
-      const holder = yield* Effect.fork(Lock.withLock(lockA)(Effect.zipRight(Deferred.succeed(held, undefined), Deferred.await(release))))
-      yield* Deferred.await(held)
+      const release = yield* holdUntilReleased(Lock.withLock(lockA))
       const waiter = yield* Effect.fork(Effect.scoped(Effect.map(Lock.acquire(lockB), (lease) => lease.fence)))
       // waiting: registered as a waiter (its first attempt, then the one on its subscription)
-      yield* eventually("the waiter waits", Effect.sync(() => acquires >= 2), 5_000)
-      const before = acquires
+      yield* eventually("the waiter waits", Effect.sync(() => calls.acquire >= 2), 5_000)
+      const before = calls.acquire
       const releasedAt = nowMs()
-      yield* Deferred.succeed(release, undefined)
-      yield* Fiber.join(holder)
+      yield* release
       const fence = yield* Fiber.join(waiter)
       assert.isBelow(nowMs() - releasedAt, 1_000)
-      assert.strictEqual(acquires, before, "the waiter asked again for a lock it was handed")
+      assert.strictEqual(calls.acquire, before, "the waiter asked again for a lock it was handed")
       assert.isAbove(fence, 0)
       // released with its scope: nothing is left
       assert.deepStrictEqual(yield* holdersOf(a, key), [])
@@ -93,17 +102,13 @@ describe.runIf(runnable)("Redis backend: the hand-off", () => {
         const server = yield* RedisServer.make()
         const a = yield* backendOn(server.url, tuning)
         const b = yield* backendOn(server.url, tuning)
-        let acquires = 0
-        const counting: Service = { ...b, acquire: (r) => Effect.suspend(() => (acquires++, b.acquire(r))) }
+        const { calls, service: counting } = counted(b)
         const key = `handoff-confirmed-${lease ?? "watchdog"}`
         const lockA = yield* Lock.make(key).pipe(withBackend(a))
         const lockB = yield* Lock.make(key, { waiterTimeout: "20 seconds", ...(lease === undefined ? {} : { lease }) }).pipe(
           withBackend(counting)
         )
-        const held = yield* Deferred.make<void>()
-        const release = yield* Deferred.make<void>()
-        const holder = yield* Effect.fork(Lock.withLock(lockA)(Effect.zipRight(Deferred.succeed(held, undefined), Deferred.await(release))))
-        yield* Deferred.await(held)
+        const release = yield* holdUntilReleased(Lock.withLock(lockA))
         const handedOver = yield* Deferred.make<void>()
         const waiter = yield* Effect.fork(Lock.withLock(lockB)((l) =>
           Effect.gen(function*() {
@@ -113,12 +118,11 @@ describe.runIf(runnable)("Redis backend: the hand-off", () => {
             return { fence: l.fence, state: yield* l.state, left: Duration.toMillis(yield* l.expiresIn) }
           })
         ))
-        yield* eventually("the waiter waits", Effect.sync(() => acquires >= 2), 5_000)
-        const before = acquires
-        yield* Deferred.succeed(release, undefined)
-        yield* Fiber.join(holder)
+        yield* eventually("the waiter waits", Effect.sync(() => calls.acquire >= 2), 5_000)
+        const before = calls.acquire
+        yield* release
         yield* Deferred.await(handedOver)
-        assert.strictEqual(acquires, before, "the lock was not handed over")
+        assert.strictEqual(calls.acquire, before, "the lock was not handed over")
         const claimed = yield* holdersOf(a, key)
         const result = yield* Fiber.join(waiter)
         assert.strictEqual(result.state, "Held")
@@ -187,13 +191,7 @@ describe.runIf(runnable)("Redis backend: the hand-off", () => {
         const lockA = yield* make(a)
         const lockB = yield* make(b)
         const lockC = yield* make(c)
-        const held = yield* Deferred.make<void>()
-        const release = yield* Deferred.make<void>()
-        const holder = yield* Effect.fork(Effect.scoped(Effect.zipRight(
-          lockA.acquire,
-          Effect.zipRight(Deferred.succeed(held, undefined), Deferred.await(release))
-        )))
-        yield* Deferred.await(held)
+        const release = yield* holdUntilReleased((body) => Effect.zipRight(lockA.acquire, body))
         const granted = yield* Deferred.make<{ fence: number; holder: string }>()
         const done = yield* Deferred.make<void>()
         const waiter = yield* Effect.fork(Effect.scoped(Effect.gen(function*() {
@@ -203,8 +201,7 @@ describe.runIf(runnable)("Redis backend: the hand-off", () => {
         })))
         // its first attempt, its subscription, and its registering attempt
         yield* Effect.sleep("300 millis")
-        yield* Deferred.succeed(release, undefined)
-        yield* Fiber.join(holder)
+        yield* release
         // the release granted the deaf waiter a claim, which it has not heard of
         const claimed = yield* holdersOf(a, key)
         assert.strictEqual(claimed.length, 1)
@@ -236,10 +233,7 @@ describe.runIf(runnable)("Redis backend: the hand-off", () => {
       const channel = scripts.channelOf(key)
       const lockA = yield* Lock.make(key).pipe(withBackend(a))
       const lockB = yield* Lock.make(key, { waiterTimeout: "20 seconds" }).pipe(withBackend(b))
-      const held = yield* Deferred.make<void>()
-      const release = yield* Deferred.make<void>()
-      const holder = yield* Effect.fork(Lock.withLock(lockA)(Effect.zipRight(Deferred.succeed(held, undefined), Deferred.await(release))))
-      yield* Deferred.await(held)
+      const release = yield* holdUntilReleased(Lock.withLock(lockA))
       const leases: Array<{ fence: number; holder: string }> = []
       const done = yield* Deferred.make<void>()
       const waiter = yield* Effect.fork(Effect.scoped(Effect.gen(function*() {
@@ -260,8 +254,7 @@ describe.runIf(runnable)("Redis backend: the hand-off", () => {
       for (const m of handOffMessages(waiterId, token)) yield* call(raw, "PUBLISH", channel, m)
       yield* Effect.sleep("300 millis")
       assert.deepStrictEqual(leases, [], "a stale hand-off let the waiter in while the lock was held")
-      yield* Deferred.succeed(release, undefined)
-      yield* Fiber.join(holder)
+      yield* release
       yield* eventually("the waiter is let in", Effect.sync(() => leases.length > 0), 2_000)
       const claimed = yield* holdersOf(a, key)
       assert.strictEqual(leases[0]!.fence, claimed[0]!.fence)
@@ -292,17 +285,10 @@ describe.runIf(runnable)("Redis backend: the hand-off", () => {
         const make = (backend: Service) => kindOn(kind, key, options.waiterTimeout, backend)
         const lockA = yield* make(a)
         const lockB = yield* make(b)
-        const held = yield* Deferred.make<void>()
-        const release = yield* Deferred.make<void>()
-        const holder = yield* Effect.fork(Effect.scoped(Effect.zipRight(
-          lockA.acquire,
-          Effect.zipRight(Deferred.succeed(held, undefined), Deferred.await(release))
-        )))
-        yield* Deferred.await(held)
+        const release = yield* holdUntilReleased((body) => Effect.zipRight(lockA.acquire, body))
         const waiter = yield* Effect.fork(Effect.scoped(lockB.acquire))
         yield* Effect.sleep("300 millis")
-        yield* Deferred.succeed(release, undefined)
-        yield* Fiber.join(holder)
+        yield* release
         const claimed = yield* holdersOf(a, key)
         assert.strictEqual(claimed.length, 1, "the release granted no claim")
         const exit = yield* Fiber.interrupt(waiter)

@@ -19,7 +19,7 @@ import { RedisBackend } from "@lockstep/redis"
 import { RedisServer } from "@lockstep/servers"
 import * as RedisMock from "@lockstep/testkit/RedisMock"
 import { probeCommands, probedCommands } from "../src/internal/commands.js"
-import { describeError } from "../src/internal/descriptions.js"
+import { errorDetail } from "../src/internal/descriptions.js"
 import { track } from "../src/internal/tracker.js"
 import { call, counted, eventually, rawClient, runnable, typedFailure, warnIfNotRun, withBackend } from "./fixtures/realRedis.js"
 
@@ -132,22 +132,22 @@ describe("the words for refused commands and connections", () => {
   it("an unknown command (Redis 7, 6, older, and a ready check's) is named with what lockstep needs it for", () => {
     const named = "the server refuses EVALSHA (renamed or disabled), which lockstep needs to run its scripts"
     const reply = (message: string) => Object.assign(new Error(message), { name: "ReplyError" })
-    assert.strictEqual(describeError(reply("ERR unknown command 'evalsha', with args beginning with: 'abc' '1' ")), named)
-    assert.strictEqual(describeError(reply("ERR unknown command `evalsha`, with args beginning with: ")), named)
-    assert.strictEqual(describeError(reply("ERR unknown command 'evalsha'")), named)
+    assert.strictEqual(errorDetail(reply("ERR unknown command 'evalsha', with args beginning with: 'abc' '1' ")), named)
+    assert.strictEqual(errorDetail(reply("ERR unknown command `evalsha`, with args beginning with: ")), named)
+    assert.strictEqual(errorDetail(reply("ERR unknown command 'evalsha'")), named)
     assert.match(
-      describeError(new Error("Ready check failed: ERR unknown command 'info', with args beginning with: ")),
+      errorDetail(new Error("Ready check failed: ERR unknown command 'info', with args beginning with: ")),
       /^the server refuses INFO \(renamed or disabled\), which lockstep needs for the connection's ready check/
     )
     // a command lockstep does not need is named as it is
-    assert.strictEqual(describeError(reply("ERR unknown command 'flushall'")), "the server refuses FLUSHALL (renamed or disabled)")
+    assert.strictEqual(errorDetail(reply("ERR unknown command 'flushall'")), "the server refuses FLUSHALL (renamed or disabled)")
     // other errors keep their words
-    assert.strictEqual(describeError(reply("ERR wrong number of arguments for 'evalsha' command")), "ERR wrong number of arguments for 'evalsha' command")
+    assert.strictEqual(errorDetail(reply("ERR wrong number of arguments for 'evalsha' command")), "ERR wrong number of arguments for 'evalsha' command")
   })
 
   it("Redis's refusal at its client limit names maxclients", () => {
     for (const message of ["ERR max number of clients reached", "Ready check failed: ERR max number of clients reached"]) {
-      assert.match(describeError(new Error(message)), /^the server refused the connection: it has reached its client limit \(maxclients; ERR max number of clients reached\)/)
+      assert.match(errorDetail(new Error(message)), /^the server refused the connection: it has reached its client limit \(maxclients; ERR max number of clients reached\)/)
     }
   })
 

@@ -26,14 +26,26 @@
  *    rejection, exception or defect);
  * and every kind of fault was injected.
  */
-import { afterAll, assert, describe, it } from "@effect/vitest"
+import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { WriteAttempt } from "./fixtures/fencedResource.js"
 import type { FaultKind, PhaseConfig, PhaseResult } from "./fixtures/nemesis.js"
-import { MORE_STOPS, runPhase } from "./fixtures/nemesis.js"
+import { runPhase } from "./fixtures/nemesis.js"
+import { MORE_STOPS, seedOf } from "./fixtures/nemesisProcesses.js"
 import type { LeaseRecord } from "./fixtures/nemesisHistory.js"
-import { checkFences, checkWrites, describeLease, judgeWrites, overlaps } from "./fixtures/nemesisHistory.js"
-import { runnable, warnIfNotRun } from "./fixtures/realRedis.js"
+import {
+  checkFences,
+  checkHarness,
+  checkLiveness,
+  countBy,
+  describeLease,
+  historySummary,
+  judgeFencesAndWrites,
+  judgeWrites,
+  overlaps,
+  phaseTimes
+} from "./fixtures/nemesisHistory.js"
+import { runnable, trapRejections, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis nemesis suite (nemesis.test.ts)")
 
@@ -43,30 +55,16 @@ const CLIENTS = 4
 const NEMESIS_MS = 20_000
 /** After the nemesis: every client must complete a critical section in this much time (no client hangs; a loaded machine may be slow). */
 const QUIET_MS = 4_000
-const LIVENESS_SECTIONS = 1
-/** How long a process may take to exit once told to stop. */
-const STOP_WITHIN_MS = 5_000
+/** Sections every client completes, and how long a process may take to exit once told to stop. */
+const LIVENESS = { sections: 1, stopWithinMs: 5_000 }
 
 // Anything that escapes the Effect world in this process (an error event nobody listens to on a
 // socket of the resource or a proxy) is a harness bug and fails the phase it happened in.
-const escaped: Array<string> = []
-const onRejection = (reason: unknown) => {
-  escaped.push(`unhandledRejection: ${String(reason)}`)
-}
-const onException = (error: unknown) => {
-  escaped.push(`uncaughtException: ${String(error)}`)
-}
-process.on("unhandledRejection", onRejection)
-process.on("uncaughtException", onException)
-afterAll(() => {
-  process.off("unhandledRejection", onRejection)
-  process.off("uncaughtException", onException)
-})
+const escaped = trapRejections()
 
 /** `NEMESIS_VERBOSE=1` prints the fault timeline and the clients' log lines. */
 const verbose = process.env["NEMESIS_VERBOSE"] === "1"
-const seedFromEnv = process.env["NEMESIS_SEED"]
-const SEED = seedFromEnv !== undefined && seedFromEnv !== "" ? Number(seedFromEnv) : Math.floor(Math.random() * 2 ** 31)
+const SEED = seedOf(process.env["NEMESIS_SEED"])
 
 const phase = (name: string, persistent: boolean, seedOffset: number): PhaseConfig => ({
   name,
@@ -80,41 +78,14 @@ const phase = (name: string, persistent: boolean, seedOffset: number): PhaseConf
   key: "nemesis"
 })
 
-const countBy = <A>(items: ReadonlyArray<A>, key: (a: A) => string): Record<string, number> => {
-  const counts: Record<string, number> = {}
-  for (const item of items) counts[key(item)] = (counts[key(item)] ?? 0) + 1
-  return counts
-}
-
 const round = (n: number) => Math.round(n)
 
 /** The summary of one phase, and every check it fails (empty: all passed). */
 const judge = (result: PhaseResult, escapedHere: ReadonlyArray<string>) => {
   const { config } = result
   const origin = result.startedAt
-  const failures: Array<string> = []
-  const fail = (check: string, detail: string) => failures.push(`[${check}] ${detail}`)
-
-  // 1. fences
-  const fences = checkFences(result.leases)
-  if (fences.regressions.length > 0) {
-    const first = fences.regressions[0]!
-    fail(
-      "fences",
-      `${fences.regressions.length} of ${result.leases.length} leases got a fence below an earlier grant's ` +
-        `(first: ${describeLease(first.lease, origin)} after fence ${first.previousMax})`
-    )
-  }
-  if (fences.shared.length > 0) {
-    const first = fences.shared[0]!
-    fail("fences", `${fences.shared.length} fences shared by distinct leases (first: ${first.fence} by ${first.holders.join(", ")})`)
-  }
-
-  // 2. stale writes
-  const writes = judgeWrites(result.attempts, result.leases)
-  const rejected = result.attempts.filter((a) => !a.accepted)
-  const accepted = result.attempts.length - rejected.length
-  checkWrites(writes, result, origin, fail)
+  // 1. fences, 2. stale writes
+  const { fail, failures, fences, writes } = judgeFencesAndWrites(result)
 
   // 3. overlapping valid leases
   const found = overlaps(result.leases, result.losses, config.watchdogMs)
@@ -131,39 +102,8 @@ const judge = (result: PhaseResult, escapedHere: ReadonlyArray<string>) => {
   }
 
   // 4. liveness
-  const perClient: Record<string, [number, number]> = {}
-  for (const child of result.children) {
-    perClient[child.label] = [child.released, round(child.activeMs)]
-    if (child.releasedWhenQuiet !== undefined && child.releasedWhenQuiet < LIVENESS_SECTIONS) {
-      fail(
-        "liveness",
-        `${child.label} completed only ${child.releasedWhenQuiet} critical sections in the ${config.quietMs} ms without faults`
-      )
-    }
-  }
-  const quiet = result.children.flatMap((c) => c.releasedWhenQuiet === undefined ? [] : [c.releasedWhenQuiet])
-  for (let slot = 0; slot < config.clients; slot++) {
-    const released = result.children.filter((c) => c.slot === slot).reduce((n, c) => n + c.released, 0)
-    if (released < LIVENESS_SECTIONS) fail("liveness", `client slot ${slot} completed only ${released} critical sections`)
-  }
-  const stopTimes: Array<number> = []
-  for (const child of result.children) {
-    if (child.stopRequestedAt === undefined) continue
-    if (child.exitedAt === undefined) {
-      fail("liveness", `${child.label} did not exit within 8 s of the stop signal`)
-      continue
-    }
-    const took = child.exitedAt - child.stopRequestedAt
-    stopTimes.push(took)
-    if (took > STOP_WITHIN_MS) fail("liveness", `${child.label} took ${round(took)} ms to exit after the stop signal`)
-    if (child.exitCode !== 0) fail("liveness", `${child.label} exited with ${child.exitCode ?? child.exitSignal}`)
-    if (child.rounds === undefined) fail("liveness", `${child.label} stopped without reporting`)
-  }
-  for (const child of result.children) {
-    if (child.stderr.trim() !== "") fail("stderr", `${child.label}: ${child.stderr.trim().slice(0, 600)}`)
-  }
-  if (result.unterminated > 0) fail("harness", `${result.unterminated} leases without an end`)
-  if (escapedHere.length > 0) fail("harness", `${escapedHere.length} errors escaped in the test process: ${escapedHere[0]}`)
+  const liveness = checkLiveness(result.children, config, LIVENESS, fail)
+  checkHarness(result, escapedHere, fail)
 
   // the nemesis did its work
   const kinds: ReadonlyArray<FaultKind> = config.persistent
@@ -178,16 +118,13 @@ const judge = (result: PhaseResult, escapedHere: ReadonlyArray<string>) => {
   }
   if (!config.persistent && result.markers.lost === 0) fail("nemesis", "no restart lost the server's data")
 
-  const ordered = [...result.leases].sort((a, b) => a.grant - b.grant)
   const summary = {
     phase: config.name,
     persistent: config.persistent,
     seed: config.seed,
     clients: config.clients,
     watchdogMs: config.watchdogMs,
-    nemesisMs: round(result.nemesisMs),
-    totalMs: round(result.totalMs),
-    readyAfterMs: round(result.readyAfterMs),
+    ...phaseTimes(result),
     faults: faultCounts,
     aimedFaults: result.faults.filter((f) => f.note.startsWith("at a grant") || f.note.startsWith("in a section")).length,
     processes: result.children.length,
@@ -195,30 +132,9 @@ const judge = (result: PhaseResult, escapedHere: ReadonlyArray<string>) => {
     dataLosses: result.losses.length,
     leases: result.leases.length,
     outcomes: countBy(result.leases, (l) => l.how),
-    acquireErrors: result.children.reduce<Record<string, number>>((all, c) => {
-      for (const [tag, n] of Object.entries(c.errors)) all[tag] = (all[tag] ?? 0) + n
-      return all
-    }, {}),
-    sectionsAndActiveMsPerClient: perClient,
-    fewestSectionsWhenQuiet: quiet.length === 0 ? null : Math.min(...quiet),
-    fences: {
-      first: ordered[0]?.fence,
-      last: ordered[ordered.length - 1]?.fence,
-      regressions: fences.regressions.length,
-      shared: fences.shared.length
-    },
-    writes: {
-      attempts: result.attempts.length,
-      accepted,
-      rejected: rejected.length,
-      stale: writes.stale.length,
-      staleAccepted: writes.staleAccepted.length,
-      // after their lease ended with no later holder's write before them: let through by design
-      lateAccepted: writes.lateAccepted.length,
-      moreStops: `${result.moreStops} of ${MORE_STOPS}`
-    },
+    ...historySummary(result, { fences, writes, liveness }, MORE_STOPS),
     overlaps: { total: found.length, explainedByDataLoss: explained.length, unexplained: unexplained.length },
-    stopToExitMaxMs: stopTimes.length === 0 ? null : round(Math.max(...stopTimes)),
+    stopToExitMaxMs: liveness.stopTimes.length === 0 ? null : round(Math.max(...liveness.stopTimes)),
     logLines: result.children.reduce((n, c) => n + c.logLines, 0),
     failed: Array.from(new Set(failures.map((f) => f.slice(1, f.indexOf("]")))))
   }

@@ -39,10 +39,20 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
+import { MORE_STOPS, seedOf } from "./fixtures/nemesisProcesses.js"
 import type { SentinelFault, SentinelFaultKind, SentinelPhaseConfig, SentinelPhaseResult } from "./fixtures/nemesisSentinel.js"
-import { failoverKinds, faultKinds, MORE_STOPS, runSentinelPhase } from "./fixtures/nemesisSentinel.js"
+import { failoverKinds, faultKinds, runSentinelPhase } from "./fixtures/nemesisSentinel.js"
 import type { Overlap } from "./fixtures/nemesisHistory.js"
-import { checkFences, checkWrites, describeLease, judgeWrites, overlaps } from "./fixtures/nemesisHistory.js"
+import {
+  checkHarness,
+  checkLiveness,
+  countBy,
+  describeLease,
+  historySummary,
+  judgeFencesAndWrites,
+  overlaps,
+  phaseTimes
+} from "./fixtures/nemesisHistory.js"
 import { runnable, trapRejections, warnIfNotRun } from "./fixtures/realRedis.js"
 
 warnIfNotRun("Redis Sentinel nemesis suite (nemesisSentinel.test.ts)")
@@ -59,9 +69,8 @@ const NEMESIS_MS = 20_000
  * critical section in this much time.
  */
 const QUIET_MS = 4_000
-const LIVENESS_SECTIONS = 1
-/** How long a process may take to exit once told to stop. */
-const STOP_WITHIN_MS = 5_000
+/** Sections every client completes, and how long a process may take to exit once told to stop. */
+const LIVENESS = { sections: 1, stopWithinMs: 5_000 }
 /** After every failover, some client is granted within this much time of the fault. */
 const STALL_WITHIN_MS = 15_000
 /** The sentinels' failover timeout: they start no failover for twice that after one. */
@@ -73,8 +82,7 @@ const escaped = trapRejections()
 
 /** `NEMESIS_VERBOSE=1` prints the fault timeline, each client's grants per second and its log lines. */
 const verbose = process.env["NEMESIS_VERBOSE"] === "1"
-const seedFromEnv = process.env["NEMESIS_SEED"]
-const SEED = seedFromEnv !== undefined && seedFromEnv !== "" ? Number(seedFromEnv) : Math.floor(Math.random() * 2 ** 31)
+const SEED = seedOf(process.env["NEMESIS_SEED"])
 
 interface Phase {
   readonly config: SentinelPhaseConfig
@@ -103,12 +111,6 @@ const phase = (
   },
   noOverlaps
 })
-
-const countBy = <A>(items: ReadonlyArray<A>, key: (a: A) => string): Record<string, number> => {
-  const counts: Record<string, number> = {}
-  for (const item of items) counts[key(item)] = (counts[key(item)] ?? 0) + 1
-  return counts
-}
 
 const round = (n: number) => Math.round(n)
 
@@ -170,28 +172,8 @@ const stallsOf = (result: SentinelPhaseResult): ReadonlyArray<Stall> => {
 const judge = (phaseOf: Phase, result: SentinelPhaseResult, escapedHere: ReadonlyArray<string>) => {
   const { config } = result
   const origin = result.startedAt
-  const failures: Array<string> = []
-  const fail = (check: string, detail: string) => failures.push(`[${check}] ${detail}`)
-
-  // 1. fences
-  const fences = checkFences(result.leases)
-  if (fences.regressions.length > 0) {
-    const first = fences.regressions[0]!
-    fail(
-      "fences",
-      `${fences.regressions.length} of ${result.leases.length} leases got a fence below an earlier grant's ` +
-        `(first: ${describeLease(first.lease, origin)} after fence ${first.previousMax})`
-    )
-  }
-  if (fences.shared.length > 0) {
-    const first = fences.shared[0]!
-    fail("fences", `${fences.shared.length} fences shared by distinct leases (first: ${first.fence} by ${first.holders.join(", ")})`)
-  }
-
-  // 2. stale writes
-  const writes = judgeWrites(result.attempts, result.leases)
-  const rejected = result.attempts.filter((a) => !a.accepted)
-  checkWrites(writes, result, origin, fail)
+  // 1. fences, 2. stale writes
+  const { fail, failures, fences, writes } = judgeFencesAndWrites(result)
 
   // 3. overlapping valid leases (no data-loss event excuses any here)
   const found = overlaps(result.leases, [], config.watchdogMs)
@@ -205,35 +187,7 @@ const judge = (phaseOf: Phase, result: SentinelPhaseResult, escapedHere: Readonl
   }
 
   // 4. liveness
-  const perClient: Record<string, [number, number]> = {}
-  for (const child of result.children) {
-    perClient[child.label] = [child.released, round(child.activeMs)]
-    if (child.releasedWhenQuiet !== undefined && child.releasedWhenQuiet < LIVENESS_SECTIONS) {
-      fail(
-        "liveness",
-        `${child.label} completed only ${child.releasedWhenQuiet} critical sections in the ${config.quietMs} ms without faults` +
-          (child.closedAt === undefined ? "" : ` (its Redis connection closed for good at ${round(child.closedAt - origin)}ms)`)
-      )
-    }
-  }
-  const quiet = result.children.flatMap((c) => c.releasedWhenQuiet === undefined ? [] : [c.releasedWhenQuiet])
-  for (let slot = 0; slot < config.clients; slot++) {
-    const released = result.children.filter((c) => c.slot === slot).reduce((n, c) => n + c.released, 0)
-    if (released < LIVENESS_SECTIONS) fail("liveness", `client slot ${slot} completed only ${released} critical sections`)
-  }
-  const stopTimes: Array<number> = []
-  for (const child of result.children) {
-    if (child.stopRequestedAt === undefined) continue
-    if (child.exitedAt === undefined) {
-      fail("liveness", `${child.label} did not exit within 8 s of the stop signal`)
-      continue
-    }
-    const took = child.exitedAt - child.stopRequestedAt
-    stopTimes.push(took)
-    if (took > STOP_WITHIN_MS) fail("liveness", `${child.label} took ${round(took)} ms to exit after the stop signal`)
-    if (child.exitCode !== 0) fail("liveness", `${child.label} exited with ${child.exitCode ?? child.exitSignal}`)
-    if (child.rounds === undefined) fail("liveness", `${child.label} stopped without reporting`)
-  }
+  const liveness = checkLiveness(result.children, config, LIVENESS, fail, origin)
   const stalls = stallsOf(result)
   const longestStall = stalls.reduce<Stall | undefined>(
     (longest, s) => (longest === undefined || s.stallMs > longest.stallMs ? s : longest),
@@ -246,11 +200,7 @@ const judge = (phaseOf: Phase, result: SentinelPhaseResult, escapedHere: Readonl
         (longestStall.afterAgreementMs === undefined ? " (no grant after the sentinels agreed)" : "")
     )
   }
-  for (const child of result.children) {
-    if (child.stderr.trim() !== "") fail("stderr", `${child.label}: ${child.stderr.trim().slice(0, 600)}`)
-  }
-  if (result.unterminated > 0) fail("harness", `${result.unterminated} leases without an end`)
-  if (escapedHere.length > 0) fail("harness", `${escapedHere.length} errors escaped in the test process: ${escapedHere[0]}`)
+  checkHarness(result, escapedHere, fail)
 
   // the nemesis did its work
   const faultCounts = countBy(result.faults, (f) => f.kind)
@@ -260,7 +210,6 @@ const judge = (phaseOf: Phase, result: SentinelPhaseResult, escapedHere: Readonl
 
   const stallsByKind: Partial<Record<SentinelFaultKind, number>> = {}
   for (const s of stalls) stallsByKind[s.fault.kind] = Math.max(stallsByKind[s.fault.kind] ?? 0, round(s.stallMs))
-  const ordered = [...result.leases].sort((a, b) => a.grant - b.grant)
   const ended = result.children.filter((c) => c.closedAt !== undefined || c.closedErrors > 0)
   const summary = {
     phase: config.name,
@@ -269,9 +218,7 @@ const judge = (phaseOf: Phase, result: SentinelPhaseResult, escapedHere: Readonl
     clients: config.clients,
     watchdogMs: config.watchdogMs,
     commandTimeoutMs: config.commandTimeoutMs,
-    nemesisMs: round(result.nemesisMs),
-    totalMs: round(result.totalMs),
-    readyAfterMs: round(result.readyAfterMs),
+    ...phaseTimes(result),
     faults: faultCounts,
     spontaneousFailovers: result.spontaneous.length,
     retriedFailovers: result.retriedFailovers.length,
@@ -279,28 +226,7 @@ const judge = (phaseOf: Phase, result: SentinelPhaseResult, escapedHere: Readonl
     processes: result.children.length,
     grants: result.leases.length,
     outcomes: countBy(result.leases, (l) => l.how),
-    acquireErrors: result.children.reduce<Record<string, number>>((all, c) => {
-      for (const [tag, n] of Object.entries(c.errors)) all[tag] = (all[tag] ?? 0) + n
-      return all
-    }, {}),
-    sectionsAndActiveMsPerClient: perClient,
-    fewestSectionsWhenQuiet: quiet.length === 0 ? null : Math.min(...quiet),
-    fences: {
-      first: ordered[0]?.fence,
-      last: ordered[ordered.length - 1]?.fence,
-      regressions: fences.regressions.length,
-      shared: fences.shared.length
-    },
-    writes: {
-      attempts: result.attempts.length,
-      accepted: result.attempts.length - rejected.length,
-      rejected: rejected.length,
-      stale: writes.stale.length,
-      staleAccepted: writes.staleAccepted.length,
-      // after their lease ended with no later holder's write before them: let through by design
-      lateAccepted: writes.lateAccepted.length,
-      moreStops: `${result.moreStops} of ${MORE_STOPS}`
-    },
+    ...historySummary(result, { fences, writes, liveness }, MORE_STOPS),
     overlaps: { count: found.length, longestMs: Number(longestOverlap.toFixed(1)), asserted: phaseOf.noOverlaps },
     longestStallMs: longestStall === undefined ? null : round(longestStall.stallMs),
     longestStallAfter: longestStall?.fault.kind ?? null,
@@ -321,7 +247,7 @@ const judge = (phaseOf: Phase, result: SentinelPhaseResult, escapedHere: Readonl
       }),
       failedRounds: result.children.reduce((n, c) => n + c.closedErrors, 0)
     },
-    stopToExitMaxMs: stopTimes.length === 0 ? null : round(Math.max(...stopTimes)),
+    stopToExitMaxMs: liveness.stopTimes.length === 0 ? null : round(Math.max(...liveness.stopTimes)),
     logLines: result.children.reduce((n, c) => n + c.logLines, 0),
     failed: Array.from(new Set(failures.map((f) => f.slice(1, f.indexOf("]")))))
   }

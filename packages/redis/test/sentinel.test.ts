@@ -291,6 +291,18 @@ describe("redis+sentinel:// URLs", () => {
 /** Replica acknowledgement and the failover quarantine both off: what the tests below are not about. */
 const off: RedisBackend.Tuning = { replication: false, quarantine: false }
 
+/**
+ * Two timed backends on `topology` with `off` (one through its URL, one through ioredis options),
+ * each also recorded in a fresh `History` (`onA`, `onB`).
+ */
+const recordedPair = (topology: RedisSentinel.RedisSentinel) =>
+  Effect.gen(function*() {
+    const history = yield* History.make
+    const a = timed(yield* backendFrom(RedisBackend.layerFrom(urlOf(topology), off)))
+    const b = timed(yield* backendFrom(RedisBackend.layerFrom(optionsOf(topology), off)))
+    return { history, a, b, onA: History.instrument(history, a.service), onB: History.instrument(history, b.service) }
+  })
+
 describe.runIf(runnable)("Redis backend through Sentinel", () => {
   // once with both off, and once with the defaults (through sentinels: every replica acknowledges
   // each grant, and the quarantine holds the first grant until the master has been up 30 s)
@@ -489,11 +501,7 @@ describe.runIf(runnable)("Redis backend through Sentinel", () => {
   it.scopedLive("planned failover while held (watchdog 3 s) with 3 waiters, replication and quarantine off: the hold follows, waiters are woken on the new master", () =>
     Effect.gen(function*() {
       const topology = yield* RedisSentinel.make()
-      const history = yield* History.make
-      const a = timed(yield* backendFrom(RedisBackend.layerFrom(urlOf(topology), off)))
-      const b = timed(yield* backendFrom(RedisBackend.layerFrom(optionsOf(topology), off)))
-      const onA = History.instrument(history, a.service)
-      const onB = History.instrument(history, b.service)
+      const { a, b, history, onA, onB } = yield* recordedPair(topology)
       const key = "sentinel-planned"
       const scene = yield* holdAndQueue(key, { watchdog: "3 seconds", waiterTimeout: "20 seconds" }, onA, [onA, onB, onB])
       yield* Effect.sleep(400) // the waiters subscribed and were denied
@@ -569,11 +577,7 @@ describe.runIf(runnable)("Redis backend through Sentinel", () => {
   it.scopedLive("unplanned failover (master killed) while held (watchdog 6 s), replication and quarantine off: the backends follow the promoted replica", () =>
     Effect.gen(function*() {
       const topology = yield* RedisSentinel.make()
-      const history = yield* History.make
-      const a = timed(yield* backendFrom(RedisBackend.layerFrom(urlOf(topology), off)))
-      const b = timed(yield* backendFrom(RedisBackend.layerFrom(optionsOf(topology), off)))
-      const onA = History.instrument(history, a.service)
-      const onB = History.instrument(history, b.service)
+      const { a, b, history, onA, onB } = yield* recordedPair(topology)
       const key = "sentinel-unplanned"
       const scene = yield* holdAndQueue(key, { watchdog: "6 seconds", waiterTimeout: "20 seconds" }, onA, [onA, onB])
       // a probe on each backend: an inspect every 50 ms

@@ -4,6 +4,7 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Fiber, Option, Scope } from "effect"
+import { BackendKit } from "@lockstep/core"
 import { makeWakeups, wakeCode } from "../src/internal/wakeups.js"
 
 const fakeConnection = () => {
@@ -25,7 +26,8 @@ const fakeConnection = () => {
 
 const hub = (idleMs = 1_000) => {
   const fake = fakeConnection()
-  const wakeups = makeWakeups(fake.connection, (ready) => Effect.promise(() => ready), idleMs)
+  const lifecycle = BackendKit.makeLifecycle({ backend: "Redis backend" })
+  const wakeups = makeWakeups(fake.connection, (ready) => Effect.promise(() => ready), lifecycle, idleMs)
   return { ...fake, wakeups }
 }
 

@@ -11,9 +11,9 @@ import type { RedisOptions } from "ioredis"
 import { BackendError } from "@lockstep/core/LockError"
 import type { Client, Connection, Tuning } from "../RedisBackend.js"
 import {
-  describeError,
-  describeNode,
-  describeSentinels,
+  errorDetail,
+  nodeAddress,
+  sentinelEndpoint,
   firstLine,
   hideCertificate,
   hostPort,
@@ -342,13 +342,13 @@ export const open = (given: Connection): Effect.Effect<Client, BackendError, Sco
         ? sentinelOptions(connection)
         : undefined
       const endpoint = sentinelUrl !== undefined && Either.isRight(sentinelUrl)
-        ? describeSentinels(sentinelUrl.right)
+        ? sentinelEndpoint(sentinelUrl.right)
         : typeof connection === "string"
         ? `Redis ${JSON.stringify(redact(connection))}`
         : "cluster" in connection
-        ? `Redis cluster ${connection.cluster.map((node) => describeNode(node)).join(", ")}`
+        ? `Redis cluster ${connection.cluster.map((node) => nodeAddress(node)).join(", ")}`
         : viaSentinels(connection)
-        ? describeSentinels(connection)
+        ? sentinelEndpoint(connection)
         : typeof connection.path === "string"
         ? `Redis ${connection.path}`
         : `Redis ${hostPort(connection.host, connection.port)}`
@@ -394,7 +394,7 @@ export const open = (given: Connection): Effect.Effect<Client, BackendError, Sco
           client.on("error", () => undefined)
           return { client, close: keepOpen(client) }
         },
-        catch: (cause) => new BackendError({ operation: "connect", cause, endpoint, detail: describeError(cause) })
+        catch: (cause) => new BackendError({ operation: "connect", cause, endpoint, detail: errorDetail(cause) })
       })
     }),
     ({ close }) => Effect.sync(close)

@@ -11,7 +11,7 @@
 import { Effect } from "effect"
 import type { BackendError } from "@lockstep/core/LockError"
 import type { Client } from "../RedisBackend.js"
-import { describeRefusal, isCluster, isReplyError, refusedCommand } from "./descriptions.js"
+import { refusalDetail, isCluster, isReplyError, refusedCommand } from "./descriptions.js"
 import type { ClientTracker } from "./tracker.js"
 
 /** What the backend will send besides its scripts, which decides the commands probed. */
@@ -29,7 +29,7 @@ export interface Needs {
 /** Commands the server refuses: the cause of the BackendError the probe fails with. */
 export class RefusedCommands extends Error {
   constructor(readonly commands: ReadonlyArray<string>) {
-    super(describeRefusal(commands))
+    super(refusalDetail(commands))
     this.name = "RefusedCommands"
   }
 }

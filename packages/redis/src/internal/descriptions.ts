@@ -49,7 +49,7 @@ export const SENTINEL_PORT = 26379
  * A cluster startup node as ioredis takes it (a port, a URL or `host:port`, or `{ host, port }`),
  * or a sentinel (`{ host, port }`, port 26379 unless given).
  */
-export const describeNode = (node: unknown, defaultPort = 6379): string => {
+export const nodeAddress = (node: unknown, defaultPort = 6379): string => {
   if (typeof node === "number") return hostPort(undefined, node)
   if (typeof node === "string") return /^\d+$/.test(node) ? hostPort(undefined, node) : redact(node).replace(/^rediss?:\/\//i, "")
   if (typeof node === "object" && node !== null) {
@@ -64,14 +64,14 @@ export const viaSentinels = (options: RedisOptions): boolean =>
   options.sentinels !== undefined && options.sentinels !== null
 
 /** `Redis master "<name>" via sentinels <host:port>, ...`, as the errors of such a connection name it. */
-export const describeSentinels = (options: RedisOptions): string => {
+export const sentinelEndpoint = (options: RedisOptions): string => {
   const name = typeof options.name === "string" && options.name !== "" ? JSON.stringify(options.name) : "(no name)"
   const sentinels = options.sentinels ?? []
   const tls = options.enableTLSForSentinelMode === true && options.tls !== undefined ? " (TLS)" : ""
   return `Redis master ${name} via ${
     sentinels.length === 0
       ? "no sentinels"
-      : `sentinels ${sentinels.map((node) => describeNode(node, SENTINEL_PORT)).join(", ")}`
+      : `sentinels ${sentinels.map((node) => nodeAddress(node, SENTINEL_PORT)).join(", ")}`
   }${tls}`
 }
 
@@ -83,15 +83,15 @@ export const isCluster = (client: Client): client is Cluster =>
  * Where `client` connects: `Redis host:port`, `Redis <socket path>`, the sentinels of a named
  * master, or `Redis cluster <startup nodes>`. Never a password.
  */
-export const describeEndpoint = (client: Client): string => {
+export const endpointOf = (client: Client): string => {
   if (isCluster(client)) {
     // ioredis keeps the startup nodes in a field its types mark private
     const nodes = (client as unknown as { readonly startupNodes?: ReadonlyArray<unknown> }).startupNodes ?? []
-    return `Redis cluster ${nodes.map((node) => describeNode(node)).join(", ")}`
+    return `Redis cluster ${nodes.map((node) => nodeAddress(node)).join(", ")}`
   }
   const options: RedisOptions = (client as { readonly options?: RedisOptions }).options ?? {}
   // ioredis prefers the sentinels to a path when it is given both
-  if (viaSentinels(options)) return describeSentinels(options)
+  if (viaSentinels(options)) return sentinelEndpoint(options)
   if (typeof options.path === "string" && options.path !== "") return `Redis ${options.path}`
   return `Redis ${hostPort(options.host, options.port)}${options.tls === undefined ? "" : " (TLS)"}`
 }
@@ -107,7 +107,7 @@ export const SENTINEL_ROUND = /^All sentinels are unreachable(?: and retry is di
  * A sentinel round that failed, by the last error of a sentinel: ioredis asks them on connections
  * that never reconnect, whose error is "Connection is closed." whatever kept them from answering.
  */
-const describeSentinelRound = (last: string | undefined): string =>
+const sentinelRoundDetail = (last: string | undefined): string =>
   last === undefined
     ? "All sentinels are unreachable"
     : last === "Connection is closed."
@@ -259,7 +259,7 @@ export const refusedCommand = (error: unknown): string | undefined => {
  * One line for commands the server refuses: `the server refuses EVALSHA (renamed or disabled),
  * which lockstep needs to run its scripts`.
  */
-export const describeRefusal = (commands: ReadonlyArray<string>): string => {
+export const refusalDetail = (commands: ReadonlyArray<string>): string => {
   const needs = [...new Set(commands.flatMap((command) => NEEDED_COMMANDS.get(command) ?? []))]
   return `the server refuses ${commands.join(", ")} (renamed or disabled)${
     needs.length === 0 ? "" : `, which lockstep needs ${needs.join(", and ")}`
@@ -286,21 +286,21 @@ const CLIENT_LIMIT =
  * A command the server refuses (renamed or disabled) is named with what lockstep needs it for,
  * and a connection refused at the server's client limit says so.
  */
-export const describeError = (error: unknown): string => {
+export const errorDetail = (error: unknown): string => {
   if (!(error instanceof Error)) return firstLine(String(error))
   const refused = refusedCommand(error)
-  if (refused !== undefined) return describeRefusal([refused])
+  if (refused !== undefined) return refusalDetail([refused])
   if (isClientLimit(error)) return CLIENT_LIMIT
   // ioredis's MaxRetriesPerRequestError ends with a pointer to its docs, and its sentinel round
   // says when it starts the next one: neither is news in a log line
   const own = firstLine(error.message)
     .replace(/\s*Refer to "maxRetriesPerRequest" option for details\.$/, "")
-    .replace(SENTINEL_ROUND, (_, last: string | undefined) => describeSentinelRound(last))
-  const inner = "errors" in error && Array.isArray(error.errors) ? error.errors.map(describeError) : []
+    .replace(SENTINEL_ROUND, (_, last: string | undefined) => sentinelRoundDetail(last))
+  const inner = "errors" in error && Array.isArray(error.errors) ? error.errors.map(errorDetail) : []
   const code = "code" in error && typeof error.code === "string" ? error.code : undefined
   const text = own !== "" ? withCertificateNames(own, error, code) : inner.length > 0 ? inner.join("; ") : code ?? error.name
   const node: unknown = "lastNodeError" in error ? error.lastNodeError : undefined
-  return node === undefined || node === null ? text : `${text} (last node error: ${describeError(node)})`
+  return node === undefined || node === null ? text : `${text} (last node error: ${errorDetail(node)})`
 }
 
 /**
@@ -318,7 +318,7 @@ export const isQuietSentinelRound = (error: unknown): boolean => {
  * named "orders""), or undefined for the other 'sentinelError's (a sentinel that failed, which
  * the round's own error reports).
  */
-export const describeSentinelAnswer = (error: unknown, name: unknown): string | undefined => {
+export const sentinelAnswerDetail = (error: unknown, name: unknown): string | undefined => {
   const sentinel = error instanceof Error
     ? /^connected to sentinel (\S+) successfully, but got an invalid reply: null$/.exec(firstLine(error.message))?.[1]
     : undefined

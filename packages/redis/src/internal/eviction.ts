@@ -21,7 +21,7 @@ import type { Redis } from "ioredis"
 import { BackendError } from "@lockstep/core/LockError"
 import type { Client } from "../RedisBackend.js"
 import { unlessConnectionFails } from "./clients.js"
-import { describeNode, isCluster, isReplyError } from "./descriptions.js"
+import { nodeAddress, isCluster, isReplyError } from "./descriptions.js"
 import type { ClientTracker } from "./tracker.js"
 
 /**
@@ -163,7 +163,7 @@ export const make = (
     const nodesOf = (): ReadonlyArray<Redis> => isCluster(client) ? client.nodes("master") : [client]
 
     const readNode = (node: Redis) => {
-      const server = describeNode(node.options)
+      const server = nodeAddress(node.options)
       return Effect.map(
         tracker.call("info", () => node.info()),
         (info) => readingOf(server, info)

@@ -32,7 +32,7 @@ export interface Contract {
 export type Descriptor<C extends Contract> = Script & C
 
 /** The descriptor of the script `name` with source `lua` and `contract`. */
-export const describe = <C extends Contract>(name: string, lua: string, contract: C): Descriptor<C> => ({
+export const defineScript = <C extends Contract>(name: string, lua: string, contract: C): Descriptor<C> => ({
   name,
   lua,
   sha: createHash("sha1").update(lua).digest("hex"),

@@ -10,7 +10,7 @@ import { Either } from "effect"
 import { latchCallMemoryMs } from "@lockstep/core/LockBackend"
 import type { InvalidLockOptions } from "@lockstep/core/LockError"
 import * as Rules from "@lockstep/core/Rules"
-import { asNumber, describe } from "./descriptor.js"
+import { asNumber, defineScript } from "./descriptor.js"
 
 /** The keys of latch `key`: its count (Redisson's layout) and the calls applied to it. */
 export const latchKeysOf = (key: string) => [key, `lockstep_latch_applied:{${key}}`]
@@ -58,7 +58,7 @@ return 1
  * Reply: 1 if set (or a copy of a call that set it), 0 if a count is set, -1 not a latch. A count
  * set is what the replicas acknowledge.
  */
-export const setCount = describe("latchSetCount", setCountLua, {
+export const setCount = defineScript("latchSetCount", setCountLua, {
   keys: (key: string): Array<string> => latchKeysOf(key),
   args: (key: string, id: string, count: number, namespace: string): Array<string | number> => [
     id,
@@ -93,7 +93,7 @@ return left
  * Reply: the count after (0 when the key is absent), -1 not a latch. Any count is what the
  * replicas acknowledge.
  */
-export const countDown = describe("latchCountDown", countDownLua, {
+export const countDown = defineScript("latchCountDown", countDownLua, {
   keys: (key: string): Array<string> => latchKeysOf(key),
   args: (key: string, id: string, namespace: string): Array<string | number> => [
     id,
@@ -115,7 +115,7 @@ return tonumber(redis.call('GET', key))
  * ARGV: none.
  * Reply: the count, 0 when the key is absent, -1 not a latch.
  */
-export const count = describe("latchCount", countLua, {
+export const count = defineScript("latchCount", countLua, {
   keys: (key: string): Array<string> => latchKeysOf(key),
   args: (): ReadonlyArray<string | number> => noArgs,
   decode: decodeCount

@@ -52,7 +52,7 @@
  *   acknowledgement applies (a release checks neither): elsewhere a release only wakes them.
  * - `lockstep_fair:{K}` (sorted set, score: arrival) and `lockstep_fair_ttl:{K}` (sorted set,
  *   score: expiry ms): the fair queue, members `<code>|<claimMs>|<holder>` (claimMs 0 until the
- *   waiter waits on a subscription). Every operation is O(log n) in the queue's length: expired
+ *   waiter waits on a subscription; the entry formats are members.ts's). Every operation is O(log n) in the queue's length: expired
  *   waiters are dropped by score, the head is the lowest arrival.
  * - `lockstep_waiters:{K}` (sorted set, score: until when the entry is kept): waiters of unfair
  *   kinds that wait on a subscription, members `<code>|<x|s>|<permits>|<limit>|<claimMs>|<holder>`.
@@ -73,8 +73,8 @@ import { forceReleaseMemoryMs } from "@lockstep/core/LockBackend"
 import type { InvalidLockOptions } from "@lockstep/core/LockError"
 import { BackendError, LockUpgradeNotSupported, NotHeld } from "@lockstep/core/LockError"
 import * as Rules from "@lockstep/core/Rules"
-import { wakeCode } from "../wakeups.js"
-import { asNumber, describe } from "./descriptor.js"
+import { asNumber, defineScript } from "./descriptor.js"
+import { fairMember, limitOf, modeOf } from "./members.js"
 import { base, fence, prelude, quarantine } from "./shared.js"
 
 // ---------------------------------------------------------------------------------------------
@@ -141,26 +141,6 @@ const holderKeysOf = (key: string, holder: string): Array<string> => {
   const { endedPrefix, keys } = keySetOf(key)
   return [keys[0]!, keys[1]!, keys[2]!, keys[3]!, keys[4]!, endedPrefix + holder, keys[6]!, keys[7]!, keys[8]!]
 }
-
-/** `mode` as the scripts write it. */
-const modeOf = (mode: LockBackend.HoldMode): "x" | "s" => mode === "exclusive" ? "x" : "s"
-
-/** A limit as the scripts take it (-1: unlimited). */
-const limitOf = (limit: number): number => limit === Infinity ? -1 : limit
-
-/**
- * The entry of a subscribed unfair waiter in the waiters set, as acquire writes it on a denial
- * (`<code>|<x|s>|<permits>|<limit>|<claimMs>|<holder>`): a release that wakes it takes it out
- * (and grants it a claim of `claimMs`, unless 0: see `wake` in shared.ts), and so does leave.
- */
-export const waiterMember = (request: LockBackend.AcquireRequest, code: string, claimMs: number): string =>
-  `${code}|${modeOf(request.mode)}|${request.permits}|${limitOf(request.limit)}|${claimMs}|${request.holder}`
-
-/**
- * The entry of `holder` in the fair queue (`<code>|<claimMs>|<holder>`), as acquire writes it: with
- * claimMs 0 until the waiter waits on a subscription, then with its claim.
- */
-const fairMember = (holder: string, claimMs: number): string => `${wakeCode(holder)}|${claimMs}|${holder}`
 
 const noArgs: ReadonlyArray<string | number> = []
 
@@ -277,9 +257,9 @@ local waiting = type(memo[2]) == 'string'
 check()
 -- a fair waiter asks for hand-offs once it waits on a subscription (register): its entry moves
 -- from the form without a claim to the one with it, keeping its place (fmOther: the other form)
-local fm = code .. '|' .. (register and claimMs or '0') .. '|' .. holder
-local fmOther = code .. '|' .. (register and '0' or claimMs) .. '|' .. holder
-local wm = code .. '|' .. (excl and 'x' or 's') .. '|' .. fmt(permits) .. '|' .. fmt(limit) .. '|' .. claimMs .. '|' .. holder
+local fm = fair_member(code, register and claimMs or '0', holder)
+local fmOther = fair_member(code, register and '0' or claimMs, holder)
+local wm = unfair_member(code, excl, permits, limit, claimMs, holder)
 -- a woken waiter tries: granted or not, the place kept for it is free again
 if waiting and register then redis.call('ZREM', rq, wm) end
 local first, mine = true, nil
@@ -405,7 +385,7 @@ return {0, fmt(retry)}
  * hold that is gone, or a late copy from a holder that ended). A grant is what the replicas
  * acknowledge.
  */
-export const acquire = describe("acquire", acquireLua, {
+export const acquire = defineScript("acquire", acquireLua, {
   /** `longestLease`: the quarantine's, if any. */
   keys: (key: string, holder: string, longestLease: number | undefined): Array<string> => {
     const keys = holderKeysOf(key, holder)
@@ -615,7 +595,7 @@ return remaining
  * Reply: the remaining count for that mode, or -1 when the holder holds nothing (and did not
  * just end: a copy of its last release answers 0 again).
  */
-export const release = describe("release", releaseLua, {
+export const release = defineScript("release", releaseLua, {
   keys: (key: string, holder: string): Array<string> => holderKeysOf(key, holder),
   args: (request: LockBackend.ReleaseRequest): Array<string | number> => [
     request.holder,
@@ -660,7 +640,7 @@ return reply(out)
  * Reply: per request 1 (renewed), 0 (not held) or the error that request met (a key of another
  * type, say), so one bad key does not fail the others. A renewal is what the replicas acknowledge.
  */
-export const renew = describe("renew", renewLua, {
+export const renew = defineScript("renew", renewLua, {
   keys: (requests: ReadonlyArray<LockBackend.RenewRequest>, indexes: ReadonlyArray<number>): Array<string> =>
     indexes.map((i) => requests[i]!.key),
   args: (requests: ReadonlyArray<LockBackend.RenewRequest>, indexes: ReadonlyArray<number>): Array<string | number> =>
@@ -709,7 +689,7 @@ for i = 1, #members, 500 do
   for j, m in ipairs(part) do
     local e = type(expiries[j]) == 'string' and tonumber(expiries[j])
     if e and e > now then
-      out[#out + 1] = string.match(m, '^%d+|%d+|(.+)$') or string.sub(m, string.find(m, '|', 1, true) + 1)
+      out[#out + 1] = fair_holder(m)
       out[#out + 1] = fmt(e - now)
     end
   end
@@ -724,7 +704,7 @@ return reply(out)
  * Reply: {fence, limit or '', holder count, holders as flat {holder, x, s, p, f, ttl}...,
  * queue as flat {holder, ttl}...} with the queue in arrival order.
  */
-export const inspect = describe("inspect", inspectLua, {
+export const inspect = defineScript("inspect", inspectLua, {
   keys: (key: string): Array<string> => keysOf(key),
   args: (): ReadonlyArray<string | number> => noArgs,
   decode: (reply: unknown, key: string): LockBackend.KeyState => {
@@ -785,7 +765,7 @@ return held
  * its id, the key its acquire and release name as KEYS[6].
  * Reply: 1 if anything was held, else 0.
  */
-export const forceRelease = describe("forceRelease", forceReleaseLua, {
+export const forceRelease = defineScript("forceRelease", forceReleaseLua, {
   keys: (key: string, id: string): Array<string> => keysOf(key, `lockstep_force:{${key}}:${id}`),
   args: (key: string, namespace: string): Array<string | number> => [forceReleaseMemoryMs, namespace + endedPrefixOf(key)],
   decode: (reply: unknown): boolean => asNumber(reply) === 1
@@ -808,7 +788,7 @@ return 1
  * ARGV: fence, leaseMs.
  * Reply: 1 (not read). Every raise is what the replicas acknowledge.
  */
-export const raiseFence = describe("raiseFence", raiseFenceLua, {
+export const raiseFence = defineScript("raiseFence", raiseFenceLua, {
   keys: (key: string): Array<string> => [tokenOf(key)],
   args: (fence: number, leaseMs: number): Array<string | number> => [fence, leaseMs],
   wrote: (): boolean => true
@@ -856,7 +836,7 @@ return 0
  * form its acquire writes once it waits on a subscription).
  * Reply: 0 (not read).
  */
-export const cancel = describe("cancel", cancelLua, {
+export const cancel = defineScript("cancel", cancelLua, {
   keys: (key: string, holder: string): Array<string> => holderKeysOf(key, holder),
   args: (holder: string, leaseMs: number, claimMs: number): Array<string | number> => [
     holder,
@@ -894,10 +874,10 @@ return 1
  * for leaseMs, so a late copy of its acquire grants nothing).
  * KEYS: K, token, channel, fair queue, fair expiries, ended (of the holder), waiters, sentinel,
  * woken.
- * ARGV: the waiter's member in the waiters set (`waiterMember`), its holder, leaseMs.
+ * ARGV: the waiter's member in the waiters set (`waiterMember` in members.ts), its holder, leaseMs.
  * Reply: 0 or 1 (not read).
  */
-export const leave = describe("leave", leaveLua, {
+export const leave = defineScript("leave", leaveLua, {
   keys: (key: string, holder: string): Array<string> => holderKeysOf(key, holder),
   args: (member: string, holder: string, leaseMs: number): Array<string | number> => [member, holder, leaseMs]
 })

@@ -2,6 +2,7 @@
  * The Lua library the lock scripts are built from (lock.ts): each script starts with `prelude`
  * and adds the parts it needs, so every script is one self-contained source on the server.
  */
+import { lua as members } from "./members.js"
 
 /** What every script needs first: number formatting, the server clock, fences. */
 export const prelude = `
@@ -213,11 +214,6 @@ local function expire_to(key, st, latest, now)
   end
 end
 
--- The code of a fair-queue member '<code>|<holder>' or a waiter member '<code>|...'.
-local function code_of(member)
-  return string.sub(member, 1, string.find(member, '|', 1, true) - 1)
-end
-
 -- A holder's holds end: it leaves st and the hash (its fields, and the limit with the last shared
 -- hold), and the key goes with the last holder. Returns whether the key went.
 local function remove_holder(key, st, holder, now)
@@ -291,22 +287,7 @@ end
 -- long one that crashed (or lost its wake-up) holds back the wake-ups of others.
 local woken_ms = 2000
 
--- The wait entries, as acquire writes them (and the TypeScript builders in lock.ts): unfair
--- '<code>|<x|s>|<permits>|<limit>|<claimMs>|<holder>', fair '<code>|<claimMs>|<holder>'. claimMs
--- 0 (or an entry of the older forms '<code>|<x|s>|<permits>|<limit>' / '<code>|<holder>'): the
--- waiter is only woken, and tries again itself.
-local function unfair_entry(m)
-  local c, mode, p, l, rest = string.match(m, '^(%d+)|(%a)|(%d+)|(%-?%d+)(.*)$')
-  if c == nil then return nil end
-  local ms, h = string.match(rest, '^|(%d+)|(.+)$')
-  return c, mode, tonumber(p), tonumber(l), tonumber(ms or '0'), h
-end
-local function fair_entry(m)
-  local c, ms, h = string.match(m, '^(%d+)|(%d+)|(.+)$')
-  if c == nil then return code_of(m), 0, nil end
-  return c, tonumber(ms), h
-end
-
+${members}
 -- The hand-off: a release grants a waiter that can win the lock on the server, a claim: a hold of
 -- count 1 with a fresh fence that expires claimMs from now unless its holder confirms it (a
 -- renewal, or its own acquire, which finds it the holder and answers the same fence and count 1).
@@ -345,7 +326,7 @@ local function wake(channel, fq, fqt, wq, rq, sentinel, now, zero, free, writer,
   redis.call('ZREMRANGEBYSCORE', rq, '-inf', fmt(now))
   local pending = redis.call('ZRANGE', rq, 0, -1)
   for _, m in ipairs(pending) do
-    local mode, p = string.match(m, '^%d+|(%a)|(%d+)|')
+    local mode, p = unfair_hold(m)
     free = false
     if mode == 'x' then writer = true elseif p ~= nil then taken = taken + tonumber(p) end
   end
