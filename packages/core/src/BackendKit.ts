@@ -19,7 +19,7 @@ import type { BackendError } from "./LockError.js"
 /**
  * How a backend names itself in its errors: `backend` as `LockError.BackendClosed` shows it
  * (`memory backend`, `Redis backend`), `endpoint` where it talks to (see `endpointName`; never a
- * secret), and `describe`, what a failure's cause says in a `BackendError`'s `detail` (the
+ * secret), and `detailOf`, what a failure's cause says in a `BackendError`'s `detail` (the
  * cause's message when absent).
  *
  * @example
@@ -35,7 +35,7 @@ import type { BackendError } from "./LockError.js"
 export interface LifecycleOptions {
   readonly backend: string
   readonly endpoint?: string | undefined
-  readonly describe?: ((cause: unknown) => string) | undefined
+  readonly detailOf?: ((cause: unknown) => string) | undefined
 }
 
 /**

@@ -26,7 +26,7 @@ describe("BackendKit.Lifecycle", () => {
     const lifecycle = BackendKit.makeLifecycle({
       backend: "etcd backend",
       endpoint: "etcd 10.0.0.1:2379",
-      describe: (cause) => `described: ${String(cause)}`
+      detailOf: (cause) => `described: ${String(cause)}`
     })
     const open = lifecycle.failure("acquire")("ECONNRESET")
     assert.isFalse(LockError.isBackendClosed(open))
@@ -38,7 +38,7 @@ describe("BackendKit.Lifecycle", () => {
     assert.strictEqual(closed.operation, "acquire")
   })
 
-  it("without describe, a failure says the cause's message", () => {
+  it("without detailOf, a failure says the cause's message", () => {
     const lifecycle = BackendKit.makeLifecycle({ backend: "etcd backend" })
     assert.strictEqual(lifecycle.failure("renew")(new Error("timed out")).message, "lock backend failed during renew: timed out")
   })

@@ -13,7 +13,7 @@ const messageOf = (cause: unknown): string => (cause instanceof Error ? cause.me
 /** @internal */
 export const makeLifecycle = (options: LifecycleOptions): Lifecycle => {
   const { backend, endpoint } = options
-  const describe = options.describe ?? messageOf
+  const detailOf = options.detailOf ?? messageOf
   let closed = false
   /** The signals of live subscriptions: woken at close, so no waiter blocks on a closed backend. */
   const open = new Set<WaiterSignal>()
@@ -26,7 +26,7 @@ export const makeLifecycle = (options: LifecycleOptions): Lifecycle => {
   // a call still under way when the backend closes fails as closed: its connection may be gone
   // under it, and what it ran into is the close, not an outage
   const failure = (operation: string) => (cause: unknown): BackendError =>
-    closed ? closedError(operation) : new BackendError({ operation, cause, endpoint, detail: describe(cause) })
+    closed ? closedError(operation) : new BackendError({ operation, cause, endpoint, detail: detailOf(cause) })
 
   const waiterSignal = (onTake?: () => void): WaiterSignal => {
     let pending = false

@@ -32,7 +32,7 @@ export const make = (
     const clientId = crypto.randomUUID()
     // closed with the backend's scope: from then on every call says so, whatever the client
     // (borrowed, it may well still be open) would have answered
-    const lifecycle = makeLifecycle({ backend: "SQL backend", endpoint, describe: driverMessage })
+    const lifecycle = makeLifecycle({ backend: "SQL backend", endpoint, detailOf: driverMessage })
     const scope = yield* Effect.scope
     const calls = yield* Calls.make({ sql, dialect, lifecycle, endpoint, commandTimeout: settings.commandTimeout })
     const wakeups = Wakeups.make({ lifecycle, calls, dialect, notifies, pollInterval: settings.pollInterval, scope })

@@ -56,7 +56,7 @@ export const make = (
 ): Effect.Effect<LockBackend.Service, BackendError, Scope.Scope> =>
   Effect.gen(function*() {
     const clientId = crypto.randomUUID()
-    const lifecycle = makeLifecycle({ backend: "ZooKeeper backend", endpoint: settings.endpoint, describe: describeCause })
+    const lifecycle = makeLifecycle({ backend: "ZooKeeper backend", endpoint: settings.endpoint, detailOf: describeCause })
     const ctx: BackendContext = {
       ...makeCalls(session, lifecycle, settings.commandTimeoutMs),
       session,
